@@ -1,0 +1,24 @@
+"""LibreYOLO: checkpoint-compatible vision models, fast serving, validated export.
+
+``import libreyolo`` stays light: torch and the model code load on first use of ``LibreYOLO``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from libreyolo._version import __version__
+from libreyolo.assets import SAMPLE_IMAGE
+
+__all__ = ["SAMPLE_IMAGE", "LibreYOLO", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LibreYOLO":
+        from libreyolo.api import LibreYOLO
+
+        return LibreYOLO
+    if name in ("Results", "Boxes", "Probs"):
+        from libreyolo import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module 'libreyolo' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Predict pipeline and the eager model."""

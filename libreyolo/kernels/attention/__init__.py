@@ -1,0 +1,40 @@
+"""Attention kernels, by purpose: fused SDPA policy and multi-scale deformable attention.
+
+Backends live in their own modules (`ms_deform_attn_triton`,
+`ms_deform_attn_hub`) and are imported only by `register_providers()`,
+which the registry calls lazily on first use.
+"""
+
+from __future__ import annotations
+
+from libreyolo.kernels.attention.ms_deform_attn import ms_deform_attn, ms_deform_attn_portable
+from libreyolo.kernels.attention.sdpa import (
+    attention,
+    attention_primitive,
+    fused_attention_allowed,
+    set_fused_attention,
+)
+
+__all__ = [
+    "attention",
+    "attention_primitive",
+    "fused_attention_allowed",
+    "ms_deform_attn",
+    "ms_deform_attn_portable",
+    "register_providers",
+    "set_fused_attention",
+]
+
+
+def register_providers() -> None:
+    """Register the Triton (when Triton and CUDA exist) and Hub (when `kernels` exists) providers."""
+    from libreyolo.kernels._providers import package_present, triton_usable
+
+    if triton_usable():
+        from libreyolo.kernels.attention import ms_deform_attn_triton
+
+        ms_deform_attn_triton.register()
+    if package_present("kernels"):
+        from libreyolo.kernels.attention import ms_deform_attn_hub
+
+        ms_deform_attn_hub.register()

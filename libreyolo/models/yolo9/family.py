@@ -1,0 +1,44 @@
+"""The yolo9 family adapter: what predict, graphs, export and runtimes need to know."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.models.base import ExportContract, Family
+from libreyolo.models.registry import register_family
+from libreyolo.models.yolo9.network import SIZES, YOLOv9
+from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
+from libreyolo.ops.postprocess import detect_postprocess
+
+
+@register_family
+class Yolo9(Family):
+    name = "yolo9"
+    task = "detect"
+    sizes = tuple(SIZES)
+    default_size = "t"
+    default_imgsz = 640
+    stride = 32
+    filename_pattern = r"LibreYOLO9(?P<size>[tsmc])"
+    extra_meta = {"letterbox_pad": "topleft"}
+    export = ExportContract(
+        input_name="images",
+        output_names=("predictions",),
+        dynamic_batch=True,
+        dynamic_spatial=True,
+    )
+    SUPPORTS_CUDA_GRAPH = False  # switched on by the graph parity matrix (docs/graphs.md)
+
+    def build(self, size: str, nc: int) -> nn.Module:
+        return YOLOv9(size, nc)
+
+    def letterbox(self, imgsz: int) -> Letterbox:
+        return Letterbox(imgsz, pad_value=114.0, placement="topleft")
+
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], **kw: Any) -> list[dict]:
+        return detect_postprocess(outputs["predictions"], metas, **kw)
+
+    def filename(self, size: str) -> str:
+        return f"LibreYOLO9{size}"
