@@ -1,0 +1,209 @@
+"""The ``libreyolo`` command. Arguments work as ``key=value`` or ``--key value`` (``--flag`` for booleans).
+
+User mistakes print one line on stderr and exit with status 2; failures of the work itself
+(e.g. an export that does not validate) exit with status 1.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from libreyolo.errors import LibreYOLOError
+
+
+class UsageError(LibreYOLOError):
+    pass
+
+
+def _bool(v: str) -> bool:
+    low = v.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"expected true/false, got {v!r}")
+
+
+def _graph_mode(v: str) -> bool | str:
+    return "auto" if v.lower() == "auto" else _bool(v)
+
+
+def _int_list(v: str) -> list[int]:
+    try:
+        return [int(x) for x in v.replace(",", " ").split()]
+    except ValueError:
+        raise UsageError(f"expected class ids like 0,2,5, got {v!r}") from None
+
+
+@dataclass(frozen=True)
+class Opt:
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    flag_value: Any = None  # value when given as a bare --flag
+
+
+PREDICT_OPTS: dict[str, Opt] = {
+    "model": Opt(str, None, "checkpoint (.pt), architecture (.yaml) or artifact (.onnx/.pte/...)"),
+    "source": Opt(str, None, "image file or directory (default: the bundled sample image)"),
+    "conf": Opt(float, 0.25, "confidence threshold"),
+    "iou": Opt(float, 0.45, "NMS IoU threshold"),
+    "max_det": Opt(int, 300, "maximum detections per image"),
+    "imgsz": Opt(int, None, "network input size (multiple of 32; default from the model)"),
+    "classes": Opt(_int_list, None, "keep only these class ids, e.g. 0,2"),
+    "device": Opt(str, None, "cpu, cuda, cuda:1 ..."),
+    "half": Opt(_bool, False, "fp16 inference (CUDA)", True),
+    "batch": Opt(int, None, "images per forward"),
+    "cuda_graph": Opt(_graph_mode, False, "replay the forward from CUDA graphs: true or auto", True),
+    "save": Opt(_bool, True, "save annotated images", True),
+    "save_dir": Opt(str, "runs/predict", "where annotated images and JSON go"),
+    "json": Opt(_bool, False, "also write detections as JSON next to each image", True),
+}
+
+EXPORT_OPTS: dict[str, Opt] = {
+    "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml)"),
+    "format": Opt(str, "onnx", "onnx, executorch, coreml or tensorrt"),
+    "imgsz": Opt(int, None, "input size (multiple of 32; default from the model)"),
+    "batch": Opt(int, 1, "batch size of the exported input"),
+    "dynamic": Opt(_bool, False, "dynamic batch (and spatial where supported)", True),
+    "half": Opt(_bool, False, "fp16 weights and input (CUDA export)", True),
+    "opset": Opt(int, None, "ONNX opset"),
+    "simplify": Opt(_bool, False, "simplify the ONNX graph (needs libreyolo[onnx-simplify])", True),
+    "nms": Opt(_bool, False, "embed NMS in the exported graph", True),
+    "device": Opt(str, None, "device used for export"),
+    "output": Opt(str, None, "artifact path"),
+    "workspace": Opt(float, None, "TensorRT workspace in GiB"),
+    "validate": Opt(_bool, True, "validate the artifact against the eager model", True),
+    "require_validation": Opt(_bool, False, "fail when the artifact cannot be validated here", True),
+}
+
+
+def parse_args(tokens: Sequence[str], opts: dict[str, Opt], command: str) -> dict[str, Any]:
+    """``key=value`` / ``--key value`` / ``--key=value`` / ``--flag`` into typed values."""
+    out = {k: o.default for k, o in opts.items()}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            body = tok[2:]
+            if "=" in body:
+                key, value = body.split("=", 1)
+            else:
+                key, value = body, None
+                nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+                takes_value = opts.get(key.replace("-", "_"), Opt(str, None, "")).flag_value is None
+                if nxt is not None and not nxt.startswith("--") and "=" not in nxt:
+                    if takes_value or nxt.lower() in ("true", "false", "auto", "0", "1", "yes", "no"):
+                        value, i = nxt, i + 1
+        elif "=" in tok:
+            key, value = tok.split("=", 1)
+        else:
+            raise UsageError(f"unexpected argument {tok!r} for '{command}': use key=value or --key value")
+        key = key.replace("-", "_")
+        if key not in opts:
+            raise UsageError(f"unknown argument {key!r} for '{command}'; valid: {', '.join(opts)}")
+        opt = opts[key]
+        if value is None:
+            if opt.flag_value is None:
+                raise UsageError(f"--{key} needs a value")
+            out[key] = opt.flag_value
+        else:
+            try:
+                out[key] = opt.type(value)
+            except UsageError as exc:
+                raise UsageError(f"{key}: {exc}") from None
+            except ValueError:
+                raise UsageError(f"{key}: invalid value {value!r}") from None
+        i += 1
+    return out
+
+
+def _usage(command: str, opts: dict[str, Opt], summary: str) -> str:
+    lines = [f"usage: libreyolo {command} [key=value | --key value] ...", "", summary, "", "arguments:"]
+    for k, o in opts.items():
+        lines.append(f"  {k:<20} {o.help} (default: {o.default})")
+    return "\n".join(lines)
+
+
+def cmd_predict(args: dict[str, Any]) -> int:
+    from pathlib import Path
+
+    from libreyolo import SAMPLE_IMAGE, LibreYOLO
+
+    if not args["model"]:
+        raise UsageError("predict needs model=<checkpoint|artifact>, e.g. model=LibreYOLO9t.pt")
+    model = LibreYOLO(args["model"], device=args["device"])
+    source = args["source"] or SAMPLE_IMAGE
+    results = model.predict(source, conf=args["conf"], iou=args["iou"], max_det=args["max_det"],
+                            imgsz=args["imgsz"], classes=args["classes"], half=args["half"],
+                            device=args["device"], batch=args["batch"], cuda_graph=args["cuda_graph"])
+    results = results if isinstance(results, list) else [results]
+    save_dir = Path(args["save_dir"])
+    if args["save"] or args["json"]:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        stem = Path(r.path).stem if r.path else "image"
+        line = f"{r.path or 'image'}: {len(r)} detections ({', '.join(f'{k} {v:.1f} ms' for k, v in r.speed.items())})"
+        if args["save"]:
+            line += f" -> {r.save(save_dir / f'{stem}.jpg')}"
+        if args["json"]:
+            from libreyolo.checkpoint import atomic_write
+
+            atomic_write(save_dir / f"{stem}.json", lambda tmp, r=r: tmp.write_text(r.to_json(indent=1)))
+        print(line)
+    return 0
+
+
+def cmd_export(args: dict[str, Any]) -> int:
+    try:
+        from libreyolo.export.cli import run_export
+    except ImportError:
+        raise UsageError("export is not available in this build") from None
+    if not args["model"]:
+        raise UsageError("export needs model=<checkpoint>, e.g. model=LibreYOLO9t.pt")
+    return run_export(args)
+
+
+COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
+    "predict": (cmd_predict, PREDICT_OPTS, "Detect objects in images and save annotated copies."),
+    "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = "usage: libreyolo <command> [args]\n\ncommands:\n" + "\n".join(
+        f"  {name:<10} {summary}" for name, (_, _, summary) in COMMANDS.items())
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(top)
+        return 0
+    if argv[0] in ("-V", "--version", "version"):
+        from libreyolo import __version__
+
+        print(__version__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"libreyolo: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    func, opts, summary = COMMANDS[command]
+    if any(t in ("-h", "--help") for t in rest):
+        print(_usage(command, opts, summary))
+        return 0
+    try:
+        return func(parse_args(rest, opts, command))
+    except LibreYOLOError as exc:
+        print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except NotImplementedError as exc:
+        print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
