@@ -25,11 +25,11 @@ PEER_CODE = r"""
 import json, sys, time
 sys.path.insert(0, ".peer")
 import numpy as np, torch, libreyolo
-dev, size, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+dev, size, n, graph = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 img = (np.random.RandomState(0).rand(480, 640, 3) * 255).astype(np.uint8)
 m = libreyolo.LibreYOLO9(None, size=size, device=dev); m.model.eval()
 def run():
-    m(img, conf=0.25)
+    m(img, conf=0.25, cuda_graph=graph) if graph else m(img, conf=0.25)
     if dev == "cuda": torch.cuda.synchronize()
 for _ in range(10): run()
 ts = []
@@ -46,7 +46,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_ours(device: str, size: str, imgsz: int, n: int) -> dict:
+def bench_ours(device: str, size: str, imgsz: int, n: int, graph: bool = False) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -55,12 +55,12 @@ def bench_ours(device: str, size: str, imgsz: int, n: int) -> dict:
     img = (np.random.RandomState(0).rand(480, 640, 3) * 255).astype(np.uint8)
     model = LibreYOLO(f"LibreYOLO9{size}.yaml", device=device)
     for _ in range(10):
-        model(img, conf=0.25, imgsz=imgsz)
+        model(img, conf=0.25, imgsz=imgsz, cuda_graph=graph)
     _sync(device)
     total, pre, inf, post = [], [], [], []
     for _ in range(n):
         t = time.perf_counter()
-        r = model(img, conf=0.25, imgsz=imgsz)
+        r = model(img, conf=0.25, imgsz=imgsz, cuda_graph=graph)
         _sync(device)
         total.append((time.perf_counter() - t) * 1e3)
         pre.append(r.speed["preprocess"])
@@ -71,10 +71,10 @@ def bench_ours(device: str, size: str, imgsz: int, n: int) -> dict:
             "postprocess_ms": med(post), "n_det": len(r), "torch": torch.__version__}
 
 
-def bench_peer(device: str, size: str, n: int) -> dict:
+def bench_peer(device: str, size: str, n: int, graph: bool = False) -> dict:
     if not (ROOT / ".peer" / "libreyolo").is_dir():
         return {"error": "reference package not found under .peer/"}
-    proc = subprocess.run([sys.executable, "-c", PEER_CODE, device, size, str(n)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", PEER_CODE, device, size, str(n), "1" if graph else "0"], capture_output=True, text=True,
                           cwd=ROOT, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     return json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}
@@ -88,15 +88,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--json", default=None)
     ap.add_argument("--peer", action="store_true")
+    ap.add_argument("--cuda-graph", action="store_true", help="predict(cuda_graph=True), both libraries")
     args = ap.parse_args()
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.startswith("cuda") else (platform.processor() or platform.machine())
     row = {"device": device, "device_name": name, "size": args.size, "imgsz": args.imgsz, "batch": 1,
-           "ours": bench_ours(device, args.size, args.imgsz, args.n)}
+           "cuda_graph": args.cuda_graph,
+           "ours": bench_ours(device, args.size, args.imgsz, args.n, args.cuda_graph)}
     if args.peer:
-        row["reference"] = bench_peer(device, args.size, args.n)
+        row["reference"] = bench_peer(device, args.size, args.n, args.cuda_graph)
         if "predict_ms" in row["reference"]:
             row["speedup_vs_reference"] = round(row["reference"]["predict_ms"] / row["ours"]["predict_ms"], 2)
     row["command"] = " ".join(sys.argv)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from libreyolo import kernels
-from libreyolo.kernels import attention, attention_primitive, set_fused_attention
+from libreyolo.kernels.attention import attention, attention_primitive, set_fused_attention
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from libreyolo import kernels
-from libreyolo.kernels.attention.ms_deform_attn import ms_deform_attn, ms_deform_attn_portable
+from libreyolo.kernels.attention.deformable import ms_deform_attn, ms_deform_attn_portable
 from libreyolo.quant import fake_quant_fp8, fake_quant_int8_affine, fake_quant_int8_per_channel
 
 pytestmark = [
@@ -37,9 +37,9 @@ def triton_quant():
 @pytest.fixture(scope="module")
 def triton_msda():
     pytest.importorskip("triton", reason="Triton not installed")
-    from libreyolo.kernels.attention import ms_deform_attn_triton
+    from libreyolo.kernels.attention import deformable_triton
 
-    return ms_deform_attn_triton
+    return deformable_triton
 
 
 def spread(shape, dtype, seed=0):
@@ -75,9 +75,7 @@ def test_triton_fp8_matches_the_reference(triton_quant, shape, dtype, scale):
     check_parity(triton_quant.fake_quant_fp8, fake_quant_fp8, x, torch.tensor(scale, device="cuda"))
 
 
-@pytest.mark.parametrize(
-    ("shape", "axis"), [((64, 3, 3, 3), 0), ((5, 7, 9), 1), ((33, 130), -1), ((4097,), 0)]
-)
+@pytest.mark.parametrize(("shape", "axis"), [((64, 3, 3, 3), 0), ((5, 7, 9), 1), ((33, 130), -1), ((4097,), 0)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_int8_per_channel_matches_the_reference(triton_quant, shape, axis, dtype):
     x = spread(shape, dtype, seed=1)
@@ -127,9 +125,7 @@ def msda_inputs(batch, queries, heads, channels, shapes, points, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     length = sum(h * w for h, w in shapes)
     value = torch.randn(batch, length, heads, channels, device="cuda", generator=gen)
-    locs = (
-        torch.rand(batch, queries, heads, len(shapes), points, 2, device="cuda", generator=gen) * 1.3 - 0.15
-    )
+    locs = torch.rand(batch, queries, heads, len(shapes), points, 2, device="cuda", generator=gen) * 1.3 - 0.15
     weights = torch.rand(batch, queries, heads, len(shapes), points, device="cuda", generator=gen)
     return value, shapes, locs, weights
 

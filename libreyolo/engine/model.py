@@ -1,6 +1,7 @@
 """The eager PyTorch model: a family's network plus its metadata, with ``predict()`` and ``save()``."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
 from libreyolo.engine.predictor import Predictor
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
+
+_GRAPH_SETUP_LOCK = threading.Lock()  # makes a model's graph runner exactly once
 
 
 class Model(Predictor):
@@ -75,13 +78,94 @@ class Model(Predictor):
         if half != self._half:
             self.half() if half else self.float()
 
+    # --- forward and CUDA graphs (docs/graphs.md) ------------------------------------------
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
-        if cuda_graph:
-            raise NotImplementedError(
-                f"cuda_graph={cuda_graph!r} is not available for family {self.family.name!r} in this build"
+        if not cuda_graph:
+            with torch.inference_mode():
+                return self.family.named_outputs(self.net(batch))
+        self._require_graph_support()
+        return self._graph_forward(batch, cuda_graph)
+
+    def _require_graph_support(self) -> None:
+        if not self.family.SUPPORTS_CUDA_GRAPH:
+            from libreyolo.graphs import GraphNotSupportedError
+
+            raise GraphNotSupportedError(
+                f"CUDA graphs are not enabled for family {self.family.name!r}: it has not passed the graph "
+                "parity check (python -m libreyolo.graphs.parity), and replaying an unverified forward could "
+                "return wrong numbers without any warning. Use cuda_graph=False."
             )
+
+    def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
+        """Graph replay without the family check (the parity harness uses it to verify a family)."""
         with torch.inference_mode():
-            return self.family.named_outputs(self.net(batch))
+            return self._graph_runner()(batch, mode)
+
+    def _graph_runner(self):
+        """This model's :class:`~libreyolo.graphs.GraphRunner`, made on first use (and anew if ``net`` is replaced)."""
+        runner = self.__dict__.get("_graphs")
+        if runner is None or runner.module is not self.net:
+            with _GRAPH_SETUP_LOCK:
+                runner = self.__dict__.get("_graphs")
+                if runner is None or runner.module is not self.net:
+                    from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
+
+                    net, family = self.net, self.family
+
+                    def network(x: torch.Tensor) -> dict[str, torch.Tensor]:
+                        return family.named_outputs(net(x))
+
+                    max_graphs = runner.max_graphs if runner is not None else DEFAULT_MAX_GRAPHS
+                    runner = GraphRunner(net, network, backend=self.__dict__.get("_graph_backend"),
+                                         max_graphs=max_graphs)
+                    self._graphs = runner
+        return runner
+
+    def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
+        """Set graph options; returns the current ones. ``max_graphs``: graphs kept (LRU, default 16)."""
+        runner = self._graph_runner()
+        if max_graphs is not None:
+            runner.set_max_graphs(max_graphs)
+        return {"max_graphs": runner.max_graphs}
+
+    def capture_graph(self, imgsz: int | None = None, batch: int = 1,
+                      dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """Capture the forward for ``(batch, 3, imgsz, imgsz)`` now, so the first request does not pay.
+
+        ``dtype``: None keeps the model's precision; ``torch.float16`` captures for
+        ``predict(half=True)`` (and converts the model to half, as that call would). Returns the
+        graph's entry of :meth:`graph_info`.
+        """
+        from libreyolo.engine.predictor import _check_positive_int, check_imgsz
+        from libreyolo.graphs import GraphUnavailableError
+
+        self._require_graph_support()
+        imgsz = check_imgsz(self.imgsz if imgsz is None else imgsz, self.family.stride)
+        batch = _check_positive_int("batch", batch)
+        runner = self._graph_runner()
+        why_not = runner.backend.unavailable(self.device)
+        if why_not is not None:
+            raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
+        if dtype is not None:
+            if dtype not in (torch.float32, torch.float16):
+                raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
+            self._prepare(None, dtype == torch.float16)
+        pad = self.family.letterbox(imgsz).pad_value / 255.0
+        x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=self._input_dtype(self._half), device=self.device)
+        with torch.inference_mode():
+            return runner.capture(x)
+
+    def graph_info(self) -> dict[str, Any]:
+        """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md."""
+        info: dict[str, Any] = {"family": self.family.name, "supported": bool(self.family.SUPPORTS_CUDA_GRAPH)}
+        info.update(self._graph_runner().info())
+        return info
+
+    def release_graphs(self) -> None:
+        """Free every captured graph and its memory; recorded capture failures are forgotten too."""
+        runner = self.__dict__.get("_graphs")
+        if runner is not None:
+            runner.release()
 
     # --- weights -----------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> Model:

@@ -7,6 +7,10 @@ None for slots whose callers keep a portable path. `active()` shows the
 choice per slot. Accelerated providers (Triton, Hub, an installed
 `libreyolo_kernels` package) are imported lazily on first selection, never at
 import; `LIBREYOLO_KERNELS=off` skips them entirely. See docs/kernels.md.
+
+The attention helper lives at `libreyolo.kernels.attention.attention` (the
+name `libreyolo.kernels.attention` is the subpackage, so it is not re-exported
+here under the same name).
 """
 
 from __future__ import annotations
@@ -30,8 +34,6 @@ from libreyolo.kernels._registry import (
     unregister,
 )
 from libreyolo.kernels.attention import (
-    attention,
-    attention_primitive,
     fused_attention_allowed,
     ms_deform_attn,
     ms_deform_attn_portable,
@@ -44,8 +46,6 @@ __all__ = [
     "Implementation",
     "KernelWarning",
     "active",
-    "attention",
-    "attention_primitive",
     "call",
     "call_or",
     "candidates",

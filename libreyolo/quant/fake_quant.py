@@ -92,9 +92,7 @@ class _FakeQuantInt8PerChannel(torch.autograd.Function):
 
 class _FakeQuantInt8Affine(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, x: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Tensor | int
-    ) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Tensor | int) -> torch.Tensor:
         work = x.to(_work_dtype(x))
         s = _per_tensor(scale, work, "scale")
         zp = _per_tensor(zero_point, work, "zero_point")

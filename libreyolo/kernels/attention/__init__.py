@@ -1,13 +1,13 @@
 """Attention kernels, by purpose: fused SDPA policy and multi-scale deformable attention.
 
-Backends live in their own modules (`ms_deform_attn_triton`,
-`ms_deform_attn_hub`) and are imported only by `register_providers()`,
+Backends live in their own modules (`deformable_triton`,
+`deformable_hub`) and are imported only by `register_providers()`,
 which the registry calls lazily on first use.
 """
 
 from __future__ import annotations
 
-from libreyolo.kernels.attention.ms_deform_attn import ms_deform_attn, ms_deform_attn_portable
+from libreyolo.kernels.attention.deformable import ms_deform_attn, ms_deform_attn_portable
 from libreyolo.kernels.attention.sdpa import (
     attention,
     attention_primitive,
@@ -31,10 +31,10 @@ def register_providers() -> None:
     from libreyolo.kernels._providers import package_present, triton_usable
 
     if triton_usable():
-        from libreyolo.kernels.attention import ms_deform_attn_triton
+        from libreyolo.kernels.attention import deformable_triton
 
-        ms_deform_attn_triton.register()
+        deformable_triton.register()
     if package_present("kernels"):
-        from libreyolo.kernels.attention import ms_deform_attn_hub
+        from libreyolo.kernels.attention import deformable_hub
 
-        ms_deform_attn_hub.register()
+        deformable_hub.register()

@@ -90,8 +90,7 @@ def attention(
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
         raise ValueError(
-            f"attention expects (..., L, D) tensors, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}"
+            f"attention expects (..., L, D) tensors, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(

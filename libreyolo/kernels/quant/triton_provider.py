@@ -195,17 +195,13 @@ class _Int8PerChannel(torch.autograd.Function):
         grad = grad.contiguous()
         grad_x = torch.empty_like(grad)
         if x.numel():
-            _int8_channel_backward_kernel[_grid(x.numel())](
-                x, s, grad, grad_x, x.numel(), inner, channels, BLOCK=BLOCK
-            )
+            _int8_channel_backward_kernel[_grid(x.numel())](x, s, grad, grad_x, x.numel(), inner, channels, BLOCK=BLOCK)
         return grad_x, None, None
 
 
 class _Int8Affine(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, x: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Tensor | int
-    ) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Tensor | int) -> torch.Tensor:
         x = x.contiguous()
         s = _as_float32(scale, x.device)
         zp = _as_float32(zero_point, x.device)
@@ -293,6 +289,4 @@ def register() -> None:
         name=NAME,
         predicate=int8_per_channel_eligible,
     )
-    _registry.register(
-        "fake_quant_int8_affine", fake_quant_int8_affine, name=NAME, predicate=int8_affine_eligible
-    )
+    _registry.register("fake_quant_int8_affine", fake_quant_int8_affine, name=NAME, predicate=int8_affine_eligible)

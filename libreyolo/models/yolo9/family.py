@@ -26,10 +26,12 @@ class Yolo9(Family):
     export = ExportContract(
         input_name="images",
         output_names=("predictions",),
+        output_axes={"predictions": {0: "batch", 2: "anchors"}},
         dynamic_batch=True,
         dynamic_spatial=True,
+        nms_input="predictions",
     )
-    SUPPORTS_CUDA_GRAPH = False  # switched on by the graph parity matrix (docs/graphs.md)
+    SUPPORTS_CUDA_GRAPH = True  # verified by the graph parity matrix (docs/graph_parity.md)
 
     def build(self, size: str, nc: int) -> nn.Module:
         return YOLOv9(size, nc)

@@ -144,9 +144,7 @@ def ms_deform_attn_portable(
             f"spatial_shapes {shapes} cover {sum(sizes)} positions but value has S={length}; "
             "the levels must be concatenated along dim 1 of value"
         )
-    locs, weights, points = _flat_layout(
-        value, sampling_locations, attention_weights, len(shapes), points_per_level
-    )
+    locs, weights, points = _flat_layout(value, sampling_locations, attention_weights, len(shapes), points_per_level)
     queries = locs.shape[1]
     per_head = batch * heads
     sampled = []
@@ -160,9 +158,7 @@ def ms_deform_attn_portable(
             sampled.append(_sample_nearest(value_l, locs_l, height, width))
         else:
             sampled.append(
-                F.grid_sample(
-                    value_l, 2 * locs_l - 1, mode="bilinear", padding_mode="zeros", align_corners=False
-                )
+                F.grid_sample(value_l, 2 * locs_l - 1, mode="bilinear", padding_mode="zeros", align_corners=False)
             )
     weights = weights.transpose(1, 2).reshape(per_head, 1, queries, sum(points))
     out = (torch.cat(sampled, dim=-1) * weights).sum(-1)  # (B*heads, C, Q)
@@ -193,8 +189,7 @@ def accelerated_inputs_ok(
         return False
     tensors = (value, sampling_locations, attention_weights)
     if not all(
-        isinstance(t, torch.Tensor) and t.device.type == device_type and t.dtype == torch.float32
-        for t in tensors
+        isinstance(t, torch.Tensor) and t.device.type == device_type and t.dtype == torch.float32 for t in tensors
     ):
         return False
     if len({t.device for t in tensors}) != 1 or value.dim() != 4:  # type: ignore[union-attr]

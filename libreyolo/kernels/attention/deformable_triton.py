@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from libreyolo.kernels.attention.ms_deform_attn import (
+from libreyolo.kernels.attention.deformable import (
     SLOT,
     SpatialShapes,
     accelerated_inputs_ok,

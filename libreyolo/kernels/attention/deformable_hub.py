@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from libreyolo.kernels._context import env_disabled
-from libreyolo.kernels.attention.ms_deform_attn import (
+from libreyolo.kernels.attention.deformable import (
     SLOT,
     SpatialShapes,
     accelerated_inputs_ok,

@@ -1,0 +1,204 @@
+"""Real CUDA graphs (run on a CUDA machine): parity, threads, streams, invalidation.
+
+    PYTHONPATH=. python3 -m pytest -m gpu tests/test_graphs_gpu.py
+
+Parity is exact (``torch.equal``): the graph must return eager's bits.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from libreyolo.graphs.parity import bit_equal, check_family_size, probes, seeded_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the lent H200)"),
+]
+
+THREADS = 8
+
+
+@pytest.fixture
+def model():
+    m = seeded_model("yolo9", "t", device="cuda")
+    yield m
+    m.release_graphs()
+
+
+def _probe_inputs(model, sizes=(640, 320)) -> list[torch.Tensor]:
+    out = []
+    for size in sizes:
+        for seed in range(3):
+            out += list(probes(model.family, size, device=torch.device("cuda"), seed=seed).values())
+    return out
+
+
+def _images(n: int) -> list[np.ndarray]:
+    from PIL import Image
+
+    from libreyolo import SAMPLE_IMAGE
+
+    base = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"))
+    views = [base, base[:, ::-1], base[::-1], base[60:420, 100:600], base[:, :320], base[::2, ::2]]
+    return [np.ascontiguousarray(views[i % len(views)]) for i in range(n)]
+
+
+@pytest.mark.parametrize("size", ["t", "s", "m", "c"])
+def test_graph_replay_is_bit_for_bit_eager(size):
+    rows = check_family_size("yolo9", size, device="cuda", imgszs=(640, 320))
+    failed = [f"{r['check']}: {r['detail']}" for r in rows if r["result"] == "fail"]
+    assert not failed, failed
+    assert {r["check"] for r in rows if r["result"] == "pass"} >= {
+        "probe_uniform", "probe_normal", "probe_ramps", "probe_image", "second_replay", "interleaved", "fp16"}
+
+
+def _serve_concurrently(worker_fn) -> list[str]:
+    errors: list[str] = []
+    barrier = threading.Barrier(THREADS)
+
+    def run(worker: int) -> None:
+        try:
+            barrier.wait()
+            worker_fn(worker, errors)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(f"worker {worker}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+@pytest.mark.parametrize("own_streams", [False, True], ids=["default_stream", "stream_per_thread"])
+def test_threads_each_get_their_own_forward_result(model, own_streams):
+    inputs = _probe_inputs(model)
+    expected = [model._forward(x)["predictions"] for x in inputs]
+    torch.cuda.synchronize()
+
+    def work(worker: int, errors: list[str]) -> None:
+        stream = torch.cuda.Stream() if own_streams else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.default_stream())
+        with torch.cuda.stream(stream):
+            for step in range(24):
+                i = (worker * 5 + step * 7) % len(inputs)
+                out = model._forward(inputs[i], cuda_graph=True)["predictions"]
+                if not torch.equal(out, expected[i]):
+                    errors.append(f"worker {worker} step {step}: wrong result for input {i}")
+
+    errors = _serve_concurrently(work)
+    assert errors == []
+    info = model.graph_info()
+    assert sorted(g["shape"][-1] for g in info["graphs"]) == [320, 640] and info["captures"] == 2
+
+
+def test_threads_each_get_their_own_predict_results(model):
+    images = _images(12)
+    expected = [model(img, conf=0.3, color_format="rgb") for img in images]
+    model.capture_graph(640)
+
+    def work(worker: int, errors: list[str]) -> None:
+        for step in range(6):
+            i = (worker + 5 * step) % len(images)
+            r = model(images[i], conf=0.3, color_format="rgb", cuda_graph=True)
+            want = expected[i].boxes
+            if not (torch.equal(r.boxes.xyxy, want.xyxy) and torch.equal(r.boxes.cls, want.cls)):
+                errors.append(f"worker {worker}: wrong detections for image {i}")
+
+    assert _serve_concurrently(work) == []
+    assert model.graph_info()["captures"] == 1
+
+
+def test_capturing_while_other_threads_serve_eagerly(model):
+    x = _probe_inputs(model, sizes=(320,))[0]
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def eager_loop() -> None:
+        try:
+            while not stop.is_set():
+                model(_images(1)[0], imgsz=320, conf=0.3)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    t = threading.Thread(target=eager_loop)
+    t.start()
+    try:
+        for size in (640, 480, 320):
+            model.capture_graph(size)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    assert torch.equal(model._forward(x, cuda_graph=True)["predictions"], model._forward(x)["predictions"])
+
+
+def test_device_round_trip_drops_graphs_and_stays_exact(model):
+    x = _probe_inputs(model, sizes=(320,))[-1]
+    model._forward(x, cuda_graph=True)
+    old = [p.detach() for p in model.net.parameters()]  # keeps the old addresses taken
+    model.to("cpu").to("cuda")
+    del old
+    out = model._forward(x, cuda_graph=True)["predictions"]
+    info = model.graph_info()
+    assert info["invalidations"] == 1 and "moved" in info["last_invalidation"] and info["captures"] == 2
+    assert torch.equal(out, model._forward(x)["predictions"])
+    # a plain round trip (addresses may or may not be reused) must be exact either way
+    model.to("cpu").to("cuda")
+    assert torch.equal(model._forward(x, cuda_graph=True)["predictions"], model._forward(x)["predictions"])
+
+
+def test_predict_device_switch_then_graph_is_exact(model):
+    img = _images(1)[0]
+    model(img, conf=0.3, cuda_graph=True)
+    model(img, device="cpu", conf=0.3)  # moves the weights away and back through predict(device=...)
+    eager = model(img, device="cuda", conf=0.3)
+    graphed = model(img, device="cuda", conf=0.3, cuda_graph=True)
+    assert torch.equal(graphed.boxes.xyxy, eager.boxes.xyxy) and torch.equal(graphed.boxes.conf, eager.boxes.conf)
+
+
+def test_half_drops_graphs_and_the_fp16_graph_is_exact(model):
+    img = _images(1)[0]
+    x = _probe_inputs(model, sizes=(640,))[-1]
+    model._forward(x, cuda_graph=True)
+    model.half()
+    xh = x.half()
+    out = model._forward(xh, cuda_graph=True)["predictions"]
+    info = model.graph_info()
+    assert info["invalidations"] == 1 and [g["dtype"] for g in info["graphs"]] == ["float16"]
+    assert bit_equal(out, model._forward(xh)["predictions"])
+    graphed = model(img, half=True, conf=0.3, cuda_graph=True)
+    eager = model(img, half=True, conf=0.3)
+    assert torch.equal(graphed.boxes.xyxy, eager.boxes.xyxy)
+
+
+def test_load_weights_drops_graphs_and_replays_the_new_weights(model):
+    x = _probe_inputs(model, sizes=(320,))[0]
+    model._forward(x, cuda_graph=True)
+    other = seeded_model("yolo9", "t", seed=3, device="cuda")
+    model.load_weights(other.net.state_dict())
+    out = model._forward(x, cuda_graph=True)["predictions"]
+    assert model.graph_info()["invalidations"] == 1
+    assert torch.equal(out, other._forward(x)["predictions"])
+
+
+def test_results_are_fresh_tensors_not_the_static_buffer(model):
+    x = _probe_inputs(model, sizes=(320,))[0]
+    a = model._forward(x, cuda_graph=True)["predictions"]
+    b = model._forward(x, cuda_graph=True)["predictions"]
+    entry = next(iter(model._graph_runner()._table.values()))
+    ptrs = {a.data_ptr(), b.data_ptr(), entry.static_output.data_ptr()}
+    assert len(ptrs) == 3 and torch.equal(a, b)
+
+
+def test_auto_captures_on_the_second_call(model):
+    x = _probe_inputs(model, sizes=(320,))[0]
+    model._forward(x, cuda_graph="auto")
+    assert model.graph_info()["captures"] == 0
+    out = model._forward(x, cuda_graph="auto")["predictions"]
+    assert model.graph_info()["captures"] == 1 and torch.equal(out, model._forward(x)["predictions"])
