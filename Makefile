@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - create .venv, install, export the default model to ONNX with its validation report
+#   make demo   - create .venv, install, run predict with the default model on the bundled sample image
+#                 (becomes the ONNX export with its validation report once export lands)
 #   make test   - create .venv, install with test extras, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 COMPAT ?= $(abspath ../shared/compat)
 
-.PHONY: venv demo predict-demo test lint clean
+.PHONY: venv demo test lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +20,6 @@ venv: $(BIN)/python
 	$(BIN)/pip install -q -e ".[dev]"
 
 demo: venv
-	$(BIN)/libreyolo export model=LibreYOLO9t.yaml format=onnx imgsz=640 output=out/LibreYOLO9t.onnx
-
-predict-demo: venv
 	$(BIN)/libreyolo predict model=LibreYOLO9t.yaml save_dir=out
 
 test: venv
