@@ -366,3 +366,20 @@ def test_broken_out_of_tree_package_warns_and_the_references_still_work(tmp_path
     name, values, messages = probe["result"]
     assert name in (kernels.REFERENCE, "triton") and values == [1.0, 1.0]
     assert len(messages) == 1 and "another torch" in messages[0] and "libreyolo_kernels" in messages[0]
+
+
+def test_torch_compile_traces_the_reference_without_graph_breaks():
+    import torch
+
+    from libreyolo.quant import fake_quant_fp8
+
+    kernels.register("fake_quant_fp8", lambda x, scale: x * 0 + 42, name="eager_only")
+
+    def step(x):
+        return kernels.call("fake_quant_fp8", x * 2, 0.5) + 1
+
+    x = torch.randn(8)
+    assert step(x).tolist() == [43.0] * 8  # eager: the registered kernel
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="eager")  # fullgraph: a break would raise
+    assert torch.equal(compiled(x), fake_quant_fp8(x * 2, 0.5) + 1)

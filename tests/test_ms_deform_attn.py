@@ -397,3 +397,20 @@ def test_the_real_hub_provider_requires_cuda():
     value, shapes, locs, weights = make_inputs()
     with fake_kernels_package(lambda repo, revision=None: pytest.fail("must not load")):
         assert not hub.HubMsDeformAttn().eligible(value, shapes, locs, weights)
+
+
+class DeformableBlock(torch.nn.Module):
+    def forward(self, value, locs, weights):
+        return ms_deform_attn(value, SHAPES, locs, weights)
+
+
+def test_exported_graph_carries_the_portable_ops_even_with_a_provider_registered():
+    calls = []
+    kernels.register(SLOT, lambda *a, **k: calls.append(1), name="eager_only")
+    value, shapes, locs, weights = make_inputs()
+    exported = torch.export.export(DeformableBlock(), (value, locs, weights))
+    targets = {str(node.target) for node in exported.graph.nodes}
+    assert calls == [] and any("grid_sampler" in t for t in targets)
+    torch.testing.assert_close(
+        exported.module()(value, locs, weights), ms_deform_attn_portable(value, shapes, locs, weights)
+    )

@@ -69,14 +69,18 @@ def _import_out_of_tree() -> None:
         )
 
 
-def load_once() -> None:
-    """Import every available provider once per process (re-entrant calls return at once)."""
+def load_once() -> bool:
+    """Import every available provider once per process; returns whether loading is complete.
+
+    A re-entrant call (a provider that resolves a slot while being imported)
+    returns False at once instead of loading again.
+    """
     global _state
     if _state == "done":
-        return
+        return True
     with _load_lock:
         if _state != "pending":
-            return
+            return _state == "done"
         _state = "loading"
         try:
             for target in _IN_TREE_LOADERS:
@@ -84,3 +88,4 @@ def load_once() -> None:
             _import_out_of_tree()
         finally:
             _state = "done"
+    return True

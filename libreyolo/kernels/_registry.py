@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from libreyolo.kernels._context import compiling
+
 __all__ = [
     "REFERENCE",
     "UNAVAILABLE",
@@ -91,6 +93,7 @@ _warned: set[tuple[Any, ...]] = set()
 _cache: dict[str, _Selection] = {}
 _generation = 0
 _sequence = 0
+_providers_loaded = False
 
 
 def _warn_once(key: tuple[Any, ...], message: str) -> None:
@@ -101,23 +104,29 @@ def _warn_once(key: tuple[Any, ...], message: str) -> None:
     warnings.warn(message, KernelWarning, stacklevel=3)
 
 
-def selector() -> str | None:
-    """The active selector: None (all providers), "reference", or a provider name.
+_ENV_VARS = ("LIBREYOLO_KERNELS", "LIBREYOLO_QUANT_KERNELS", "LIBREYOLO_HUB_KERNELS")
 
-    `LIBREYOLO_KERNELS` wins; the legacy `LIBREYOLO_QUANT_KERNELS` is read
-    only when `LIBREYOLO_KERNELS` is unset (an empty value counts as unset).
-    """
-    raw = os.environ.get("LIBREYOLO_KERNELS", "").strip()
-    if not raw:
-        raw = os.environ.get("LIBREYOLO_QUANT_KERNELS", "").strip()
+
+def _env_key() -> tuple[str | None, ...]:
+    get = os.environ.get
+    return tuple(get(name) for name in _ENV_VARS)
+
+
+def _selector_from(env: tuple[str | None, ...]) -> str | None:
+    raw = (env[0] or "").strip() or (env[1] or "").strip()
     if not raw:
         return None
     value = raw.lower()
     return REFERENCE if value in _OFF_WORDS else value
 
 
-def _env_key() -> tuple[Any, ...]:
-    return (selector(), os.environ.get("LIBREYOLO_HUB_KERNELS", ""))
+def selector() -> str | None:
+    """The active selector: None (all providers), "reference", or a provider name.
+
+    `LIBREYOLO_KERNELS` wins; the legacy `LIBREYOLO_QUANT_KERNELS` is read
+    only when `LIBREYOLO_KERNELS` is unset (an empty value counts as unset).
+    """
+    return _selector_from(_env_key())
 
 
 def _bump() -> None:
@@ -220,19 +229,21 @@ def _known_names() -> set[str]:
 
 
 def _selection(slot: str) -> _Selection:
-    chosen = selector()
-    if chosen != REFERENCE:
+    global _providers_loaded
+    if not _providers_loaded and selector() != REFERENCE:
         from libreyolo.kernels import _providers
 
-        _providers.load_once()
+        _providers_loaded = _providers.load_once()
     env = _env_key()
+    with _lock:
+        cached = _cache.get(slot)
+        if cached is not None and cached.key == (_generation, *env):
+            return cached
     # Importing a reference module is done outside the lock.
     reference = _reference_of(slot) if slot in _references else None
+    chosen = _selector_from(env)
     with _lock:
         key = (_generation, *env)
-        cached = _cache.get(slot)
-        if cached is not None and cached.key == key:
-            return cached
         if slot not in _references:
             raise KeyError(
                 f"unknown kernel slot {slot!r}; known slots: {', '.join(sorted(_references))}. "
@@ -314,6 +325,11 @@ _NO_RESULT = object()
 
 
 def _run(slot: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if compiling():
+        # Dynamo traces the reference itself: compiled and exported graphs carry
+        # the defining ops, and the registry's locks never enter a graph.
+        reference = _reference_of(slot) if slot in _references else None
+        return _NO_RESULT if reference is None else reference.impl(*args, **kwargs)
     for impl in candidates(slot, *args, **kwargs):
         if impl.name == REFERENCE:
             return impl.impl(*args, **kwargs)
@@ -328,6 +344,8 @@ def call(slot: str, /, *args: Any, **kwargs: Any) -> Any:
     """Run the selected implementation; a provider that raises is disabled and the next one runs.
 
     Errors raised by the reference propagate unchanged (they are the caller's).
+    While dynamo traces (`torch.compile`, `torch.export`) the reference runs
+    directly, without consulting the registry.
     """
     result = _run(slot, args, kwargs)
     if result is _NO_RESULT:

@@ -39,6 +39,7 @@ __all__ = [
     "ms_deform_attn",
     "ms_deform_attn_portable",
     "shapes_tensor",
+    "uniform_layout",
 ]
 
 SLOT = "ms_deform_attn"
