@@ -14,9 +14,10 @@ from libreyolo.engine.model import Model
 from libreyolo.models.registry import get_family
 from libreyolo.ops.boxes import box_iou
 
-# measured on the yolo9-t fixture: 0.90 both ways (see README "Compatibility"); the issue's
-# target is 0.95 and the gap is tie-breaking among near-equal random-weight scores
-MIN_DETECTION_MATCH = 0.85
+# measured on the yolo9-t fixture: 0.96 both ways, which is also what the reference library
+# itself scores against this fixture on our machine (float rounding differs between machines
+# and random weights give thousands of near-tied candidates); see README "Compatibility"
+MIN_DETECTION_MATCH = 0.95
 
 
 def _yolo9_fixtures(compat_dir: Path) -> list[Path]:

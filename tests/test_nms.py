@@ -87,3 +87,12 @@ def test_degenerate_boxes_overlap_nothing():
     boxes = torch.tensor([[5.0, 5, 5, 5], [5.0, 5, 5, 5], [0.0, 0, 10, 10]])
     scores = torch.tensor([0.9, 0.8, 0.7])
     assert nms(boxes, scores, 0.5).tolist() == [0, 1, 2]
+
+
+def test_presorted_visits_boxes_in_the_given_order():
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1.0, 0, 11, 10], [50.0, 50, 60, 60]])
+    scores = torch.tensor([0.5, 0.5, 0.4])
+    assert nms(boxes, scores, 0.5).tolist() == [0, 2]
+    order = torch.tensor([1, 0, 2])
+    kept = nms(boxes[order], scores[order], 0.5, presorted=True)
+    assert order[kept].tolist() == [1, 2]

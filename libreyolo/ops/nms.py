@@ -40,17 +40,21 @@ def nms(
     iou_thres: float,
     classes: torch.Tensor | None = None,
     max_det: int | None = None,
+    presorted: bool = False,
 ) -> torch.Tensor:
-    """Indices of kept boxes, in descending score order.
+    """Indices of kept boxes, in visiting order (descending score).
 
     ``boxes`` (N, 4) xyxy, ``scores`` (N,), ``classes`` (N,) integer labels or None for
-    class-agnostic NMS. Boxes of different classes never suppress each other.
+    class-agnostic NMS. Boxes of different classes never suppress each other. With
+    ``presorted=True`` the boxes are visited in the given order (the caller sorted them and
+    chose how ties are ordered); otherwise by descending score, ties by lower index.
     """
     n = boxes.shape[0]
     if n == 0:
         return torch.empty(0, dtype=torch.long, device=boxes.device)
     limit = n if max_det is None else min(max_det, n)
-    order = torch.sort(scores, descending=True, stable=True).indices
+    order = (torch.arange(n, device=boxes.device) if presorted
+             else torch.sort(scores, descending=True, stable=True).indices)
     boxes = boxes.float()
     kept: list[torch.Tensor] = []
     kept_boxes = boxes.new_zeros((0, 4))

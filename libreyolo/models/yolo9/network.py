@@ -5,6 +5,7 @@ reference state dict loads key for key. Sizes differ only in the table ``SIZES``
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -245,6 +246,16 @@ class DetectHead(nn.Module):
             nn.Sequential(ConvBNAct(c, c_cls, 3), ConvBNAct(c_cls, c_cls, 3), nn.Conv2d(c_cls, nc, 1))
             for c in in_channels
         )
+        self.init_biases()
+
+    @torch.no_grad()
+    def init_biases(self, strides: tuple[int, ...] = STRIDES, imgsz: int = 640) -> None:
+        """The usual detector prior for an untrained head: box logits 1, class probabilities about
+        5 objects per image spread over the classes and cells, so a fresh model predicts few
+        boxes (as one about to be trained should) instead of every anchor at 0.5."""
+        for box, cls, s in zip(self.cv2, self.cv3, strides, strict=True):
+            box[-1].bias.fill_(1.0)
+            cls[-1].bias.fill_(math.log(5 / self.nc / (imgsz / s) ** 2))
 
     def forward(self, feats: list[torch.Tensor]) -> list[torch.Tensor]:
         return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(feats, self.cv2, self.cv3, strict=True)]
