@@ -156,6 +156,38 @@ def cmd_predict(args: dict[str, Any]) -> int:
     return 0
 
 
+BENCH_OPTS: dict[str, Opt] = {
+    "model": Opt(str, None, "checkpoint (.pt), architecture (.yaml) or artifact"),
+    "device": Opt(str, None, "cpu, cuda, cuda:1 ... (default: cuda when available)"),
+    "imgsz": Opt(int, None, "network input size (default from the model)"),
+    "batch": Opt(int, 1, "images per predict() call"),
+    "n": Opt(int, 50, "timed calls per mode (median reported)"),
+    "half": Opt(_bool, False, "fp16 (CUDA)", True),
+    "cuda_graph": Opt(_graph_mode, True, "also time predict(cuda_graph=...): true, auto or false", True),
+}
+
+
+def cmd_benchmark(args: dict[str, Any]) -> int:
+    import torch
+
+    from libreyolo import LibreYOLO
+    from libreyolo.engine.benchmark import format_rows, run_benchmark
+
+    if not args["model"]:
+        raise UsageError("benchmark needs model=<checkpoint|architecture>, e.g. model=LibreYOLO9t.yaml")
+    device = args["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = LibreYOLO(args["model"], device=device)
+    graph = args["cuda_graph"]
+    if graph and not str(device).startswith("cuda"):
+        print(f"note: CUDA graphs need a CUDA device; timing eager only on {device}")
+        graph = False
+    rows = run_benchmark(model, imgsz=args["imgsz"], batch=args["batch"], n=args["n"], half=args["half"],
+                         cuda_graph=graph)
+    print(f"{model.family.name}-{model.size} on {device}, batch {args['batch']}")
+    print(format_rows(rows))
+    return 0
+
+
 def cmd_export(args: dict[str, Any]) -> int:
     try:
         from libreyolo.export.cli import run_export
@@ -169,6 +201,7 @@ def cmd_export(args: dict[str, Any]) -> int:
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects in images and save annotated copies."),
     "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
+    "benchmark": (cmd_benchmark, BENCH_OPTS, "Time predict(), eager and with CUDA graphs."),
 }
 
 

@@ -67,3 +67,9 @@ def test_help_everywhere(argv, capsys):
 def test_console_script_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "libreyolo.cli", "predict", "nope=1"], capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_benchmark_on_cpu_times_eager_and_says_why_no_graphs(capsys):
+    assert main(["benchmark", "model=LibreYOLO9t.yaml", "imgsz=320", "n=2", "device=cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "CUDA graphs need a CUDA device" in out and "eager" in out and "predict ms" in out
