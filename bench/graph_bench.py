@@ -11,7 +11,8 @@ synchronisation after it, so it is what a caller waits for.
 - ``predict_*``: ``model(frames, conf=0.25[, half=True][, cuda_graph=True])``, frames -> Results.
 - ``forward_eager`` / ``forward_graph``: the network on a letterboxed batch; ours through
   ``Model._forward`` (graph: weight check, key lookup, copy-in, replay, copy-out), the
-  reference's as a bare ``CUDAGraph.replay()`` (what its bench measured). ``replay``: our bare replay.
+  reference's as a bare ``CUDAGraph.replay()`` (what its bench measured). ``replay``: our bare
+  replay; ``weight_check_us``: the host time of the per-call weight check alone.
 
 Random weights: our untrained head gets the usual class-bias prior (scores ~1e-3, as
 detectors are initialised for training) so that NMS sees a realistic handful of candidates
@@ -99,6 +100,12 @@ def _ours_row(model, args: argparse.Namespace, precision: str, batch: int) -> di
     runner = model._graph_runner()
     entry = next(e for k, e in runner._table.items() if k[0] == tuple(x.shape) and k[2] == x.dtype)
     row["replay_ms"] = timed(lambda: runner.backend.replay(entry.graph), n, warm)
+    # host cost of the per-call weight check (every parameter's data_ptr), part of forward_graph
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        runner.check_weights()
+    row["weight_check_us"] = round((time.perf_counter() - t0) * 1e3, 2)
+    row["tracked_tensors"] = runner._watch.tracked
     row["capture_ms"] = round(entry.capture_ms, 1)
     row["per_image_predict_graph_ms"] = round(row["predict_graph_ms"] / batch, 3)
     return row

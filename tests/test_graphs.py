@@ -436,3 +436,74 @@ def test_parity_tool_writes_json_and_markdown(tmp_path):
     assert rc == 0 and matrix["families"]["yolo9"]["verified"] is True
     assert {"torch", "cuda", "gpu"} <= set(matrix["environment"])
     assert "| yolo9 | t | detect |" in (tmp_path / "p.md").read_text()
+
+
+# --- checking after the launch -------------------------------------------------------------------
+class _StaleReplays(EmulatedGraphBackend):
+    """A replay after the weights moved returns NaN, as a real graph reading old addresses could."""
+
+    def __init__(self, weights_of) -> None:
+        super().__init__()
+        self.weights_of = weights_of
+        self.seen: dict[int, tuple] = {}
+
+    def capture(self, fn, static_input, pool):
+        graph, out = super().capture(fn, static_input, pool)
+        self.seen[id(graph)] = self.weights_of()
+        return graph, out
+
+    def replay(self, graph):
+        super().replay(graph)
+        if self.seen[id(graph)] != self.weights_of():
+            graph.static_output.fill_(float("nan"))
+
+
+def test_a_replay_whose_weights_moved_is_thrown_away_and_run_again():
+    net = Tiny().eval()
+    backend = _StaleReplays(lambda: tuple(p.data_ptr() for p in net.parameters()))
+    runner = GraphRunner(net, lambda x: {"out": net(x)}, backend=backend)
+    x = x_of(8)
+    assert runner._watch.state.pins == ()  # nothing pinned while no graph reads the weights
+    runner(x)
+    old_ptr = net.conv.weight.data_ptr()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.data = p.data.clone() * 2  # new storage (as a device move gives), new values
+    assert runner._watch.state.pins[0].data_ptr() == old_ptr  # the old weights stay alive until checked
+    out = runner(x)["out"]
+    assert torch.equal(out, net(x))  # not the stale NaN replay
+    info = runner.info()
+    assert info["invalidations"] == 1 and "moved" in info["last_invalidation"] and info["captures"] == 2
+    assert backend.quiesced == 1 and runner._watch.state.pins[0].data_ptr() == net.conv.weight.data_ptr()
+    runner.release()
+    assert runner._watch.state.pins == ()
+
+
+def test_mode_false_on_the_runner_is_plain_eager(backend):
+    runner, net = tiny_runner(backend)
+    assert torch.equal(runner(x_of(8), False)["out"], net(x_of(8)))
+    assert backend.capture_attempts == 0
+
+
+def test_stream_fence_orders_only_when_the_stream_changes(monkeypatch):
+    from libreyolo.graphs.backend import CudaStreamFence
+
+    waits: list[tuple[int, int]] = []
+    current = [1]
+
+    class FakeStream:
+        def __init__(self, raw: int) -> None:
+            self.raw = raw
+
+        def wait_stream(self, other: FakeStream) -> None:
+            waits.append((self.raw, other.raw))
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: current[0], raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(current[0]))
+    fence = CudaStreamFence(torch.device("cuda", 0))
+    for raw in (1, 1, 2, 2, 1):
+        current[0] = raw
+        stream = fence.current()
+        fence.join(stream)
+        fence.mark(stream)
+    assert waits == [(2, 1), (1, 2)]  # a wait only at each switch, on the stream used last

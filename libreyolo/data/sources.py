@@ -22,11 +22,27 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".g
 
 @dataclass
 class SourceImage:
-    """One input image: ``data`` is CHW RGB (uint8, or float in [0, 1]) on the CPU or a device."""
+    """One input image as the user gave it: ``pixels`` is HWC (arrays, files) or CHW (tensors),
+    uint8 or float in [0, 1], RGB or BGR. Nothing is copied on the host: the pixels go to the
+    device as they are and are reordered there (:meth:`to_device`)."""
 
-    data: torch.Tensor
+    pixels: torch.Tensor
     path: str | None = None
-    original: Any = None  # the user's object (array/PIL) kept for plotting, never copied
+    original: Any = None  # an RGB HWC array view for plotting, never copied
+    hwc: bool = True
+    bgr: bool = False
+
+    def to_device(self, device: torch.device) -> torch.Tensor:
+        """CHW RGB on ``device``: upload first (one transfer of the raw bytes), reorder there."""
+        t = self.pixels.to(device, non_blocking=True)
+        if self.hwc:
+            t = t.permute(2, 0, 1)
+        return t.flip(0) if self.bgr else t
+
+    @property
+    def data(self) -> torch.Tensor:
+        """CHW RGB on the CPU (copies only for BGR input)."""
+        return self.to_device(self.pixels.device)
 
 
 def _pil_to_rgb_array(img: Any, where: str) -> np.ndarray:
@@ -47,10 +63,10 @@ def _pil_to_rgb_array(img: Any, where: str) -> np.ndarray:
 
 
 def _as_tensor(arr: np.ndarray) -> torch.Tensor:
-    """CHW view of an HWC array without a copy (read-only arrays are never written through)."""
+    """The HWC array as a tensor without a copy (read-only arrays are never written through)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(arr).permute(2, 0, 1)
+        return torch.from_numpy(arr)
 
 
 def _read_file(path: Path) -> np.ndarray:
@@ -68,7 +84,8 @@ def _read_file(path: Path) -> np.ndarray:
         raise ImageError(f"cannot read image {path}: the file is corrupt or not an image ({exc})") from None
 
 
-def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> np.ndarray:
+def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> tuple[np.ndarray, bool]:
+    """(HWC 3-channel uint8 array, whether it is BGR); no copy for ordinary uint8 input."""
     if arr.ndim == 2:
         arr = arr[:, :, None]
     if arr.ndim != 3:
@@ -85,9 +102,10 @@ def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> np.ndarray:
     elif arr.dtype != np.uint8:
         raise ImageError(f"{where}: unsupported array dtype {arr.dtype}; use uint8, uint16 or float in [0, 1]")
     if c == 1:
-        return np.repeat(arr, 3, axis=2)
-    arr = arr[:, :, :3]
-    return arr[:, :, ::-1] if color_format == "bgr" else arr
+        return np.repeat(arr, 3, axis=2), False
+    if c == 4:
+        arr = np.ascontiguousarray(arr[:, :, :3])
+    return arr, color_format == "bgr"
 
 
 def _tensor_images(t: torch.Tensor, where: str) -> list[torch.Tensor]:
@@ -135,10 +153,12 @@ def load_sources(source: Any, color_format: str = "bgr") -> list[SourceImage]:
                 arr = _read_file(path)
                 out.append(SourceImage(_as_tensor(arr), str(path), arr))
         elif isinstance(item, np.ndarray):
-            arr = _array_to_rgb(item, color_format, where)
-            out.append(SourceImage(_as_tensor(np.ascontiguousarray(arr)), None, arr))
+            arr, bgr = _array_to_rgb(item, color_format, where)
+            if not arr.flags.c_contiguous:
+                arr = np.ascontiguousarray(arr)
+            out.append(SourceImage(_as_tensor(arr), None, arr[:, :, ::-1] if bgr else arr, bgr=bgr))
         elif isinstance(item, torch.Tensor):
-            out.extend(SourceImage(t, None, None) for t in _tensor_images(item, where))
+            out.extend(SourceImage(t, None, None, hwc=False) for t in _tensor_images(item, where))
         elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image, imported lazily
             arr = _pil_to_rgb_array(item, where)
             out.append(SourceImage(_as_tensor(arr), getattr(item, "filename", None) or None, arr))

@@ -177,6 +177,16 @@ class Model(Predictor):
         return str(save_checkpoint(path, self.net, family=self.family, size=self.size, nc=self.nc,
                                    names=self.names, imgsz=self.imgsz))
 
+    def export(self, format: str = "onnx", **opts: Any):  # noqa: A002 - the name users know
+        """Export to ``onnx``/``executorch``/``coreml``/``tensorrt``, validated against this model.
+
+        Returns an :class:`~libreyolo.export.ExportReport` (``str(report)`` is the artifact path).
+        Options: see :func:`libreyolo.export.export` and docs/export.md.
+        """
+        from libreyolo.export import export
+
+        return export(self, format, **opts)
+
     def info(self) -> dict[str, Any]:
         return {"family": self.family.name, "size": self.size, "task": self.family.task, "nc": self.nc,
                 "imgsz": self.imgsz, "device": str(self.device),

@@ -123,7 +123,7 @@ class Predictor:
     def _predict_chunk(self, chunk: list[SourceImage], t0: float, *, conf: float, iou: float, max_det: int,
                        imgsz: int, classes: list[int] | None, half: bool, cuda_graph: bool | str) -> list[Results]:
         device = self.device
-        tensors = [img.data.to(device, non_blocking=True) for img in chunk]
+        tensors = [img.to_device(device) for img in chunk]
         batch, metas = self.family.letterbox(imgsz)(tensors, dtype=self._input_dtype(half))
         t1 = time.perf_counter()
         outputs = self._forward(batch, cuda_graph=cuda_graph)
@@ -139,7 +139,7 @@ class Predictor:
         for img, meta, det in zip(chunk, metas, dets, strict=True):
             boxes = Boxes(det["xyxy"], det["conf"], det["cls"], meta.orig_shape)
             out.append(Results(names=self.names, orig_shape=meta.orig_shape, path=img.path, boxes=boxes,
-                               orig_img=img.original if img.original is not None else img.data,
+                               orig_img=img.original if img.original is not None else img.pixels,
                                speed=dict(speed)))
         return out
 

@@ -44,33 +44,44 @@ class GraphBackend(Protocol):
     def trim(self) -> None:
         """Give cached memory back after graphs were released."""
 
+    def quiesce(self, devices: set[torch.device]) -> None:
+        """Wait until work already launched on ``devices`` is done (rare: stale graphs dropped)."""
+
 
 class CudaStreamFence:
-    """Remembers the stream and an event of the last replay section.
+    """Keeps replay sections of one model in order on the device, across CUDA streams.
 
-    A caller on the same stream is ordered by the stream itself (nothing to do). A caller on
-    another stream makes its stream wait for the event, so it never overwrites a static input
-    still being read, nor replays a graph whose pool memory another replay is still using.
+    ``current()`` is the caller's raw stream handle (an int: no Stream object per call). While
+    every caller uses one stream, the stream itself orders the work and nothing else happens.
+    When a caller arrives on another stream, ``join`` makes its stream wait for everything
+    already enqueued on the last stream used (``wait_stream``: an event recorded now, waited
+    on by the device), so it never overwrites a static input still being read nor replays a
+    graph whose pool memory another replay is still using. No host synchronisation.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._event = torch.cuda.Event()
-        self._stream: torch.cuda.Stream | None = None
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._last: torch.cuda.Stream | None = None
+        self._last_raw: int | None = None
         self._lock = threading.Lock()
 
-    def current(self) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(self.device)
+    def current(self) -> int:
+        if self._raw is not None:
+            return self._raw(self._index)
+        return torch.cuda.current_stream(self.device).cuda_stream
 
-    def join(self, stream: torch.cuda.Stream) -> None:
+    def join(self, stream: int) -> None:
         with self._lock:
-            if self._stream is not None and stream != self._stream:
-                stream.wait_event(self._event)
+            if self._last is not None and stream != self._last_raw:
+                torch.cuda.current_stream(self.device).wait_stream(self._last)
 
-    def mark(self, stream: torch.cuda.Stream) -> None:
+    def mark(self, stream: int) -> None:
         with self._lock:
-            self._event.record(stream)
-            self._stream = stream
+            if stream != self._last_raw:
+                self._last = torch.cuda.current_stream(self.device)
+                self._last_raw = stream
 
 
 def _autocast_without_cache(device_type: str) -> contextlib.AbstractContextManager:
@@ -127,6 +138,11 @@ class CudaGraphBackend:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def quiesce(self, devices: set[torch.device]) -> None:
+        for device in devices:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
 
 class _NoFence:
     def current(self) -> None:
@@ -170,6 +186,7 @@ class EmulatedGraphBackend:
         self.replays = 0
         self.max_overlap = 0
         self.pools = 0
+        self.quiesced = 0
         self._lock = threading.Lock()
 
     def unavailable(self, device: torch.device) -> str | None:
@@ -200,9 +217,9 @@ class EmulatedGraphBackend:
                 self.on_replay(graph)
             with torch.inference_mode(graph.inference), torch.set_grad_enabled(graph.grad):
                 result = graph.fn(graph.static_input)
-            if self.yield_gil:
-                time.sleep(0)  # give other threads the GIL between reading the input and writing the output
-            graph.static_output.copy_(result)
+                if self.yield_gil:
+                    time.sleep(0)  # give other threads the GIL between reading the input and writing the output
+                graph.static_output.copy_(result)
         finally:
             with self._lock:
                 graph.active -= 1
@@ -212,3 +229,6 @@ class EmulatedGraphBackend:
 
     def trim(self) -> None:
         pass
+
+    def quiesce(self, devices: set[torch.device]) -> None:
+        self.quiesced += 1

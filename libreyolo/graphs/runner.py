@@ -7,7 +7,10 @@ for one module. Keys, locks and memory:
   the input's device type; grad mode and inference mode; the module's identity and its
   ``training`` flag. Anything that changes which kernels run, or what they read, is in the key.
   The module's weights are not: they are watched (:mod:`libreyolo.graphs.watch`) and any move
-  drops every graph of this runner.
+  drops every graph of this runner. On a hit the check runs right *after* the replay is
+  launched, so its host time (one ``data_ptr`` per tensor) overlaps the device's work; a
+  replay that turns out stale read the old weights, which the watch keeps alive, and its
+  result is discarded and the call runs again against the current weights.
 - **Memory**: all graphs of a runner capture into one memory pool per device
   (``torch.cuda.graph_pool_handle()``), so the activations of different shapes share memory.
   At most ``max_graphs`` graphs are kept (least recently used evicted first).
@@ -19,8 +22,10 @@ for one module. Keys, locks and memory:
   the output out" is one short section under a runner-level replay lock, never interleaved
   with another graph's replay. Copy-in (and everything before and after: preprocessing, NMS)
   runs outside it, so different shapes overlap everywhere except the replay launch itself.
-  Across CUDA streams the same order is kept on the device by an event (see
-  :class:`~libreyolo.graphs.backend.CudaStreamFence`); nothing synchronises the host.
+  Across CUDA streams the same order is kept on the device: a caller on a new stream first
+  waits for the last stream used (:class:`~libreyolo.graphs.backend.CudaStreamFence`);
+  nothing synchronises the host. Freeing graphs (eviction, invalidation, release) waits for
+  launched work first, so no buffer is freed under a running replay.
 - **Captures** are serialised process-wide (CUDA allows one capture at a time per process).
 """
 from __future__ import annotations
@@ -101,6 +106,7 @@ class GraphRunner:
         self._fallbacks: dict[str, int] = {}
         self._pools: dict[torch.device, Any] = {}
         self._fences: dict[torch.device, Fence] = {}
+        self._epoch = 0  # bumped (under the table lock) whenever the graphs are dropped as stale
         self.captures = 0
         self.evictions = 0
         self.invalidations = 0
@@ -120,7 +126,8 @@ class GraphRunner:
     # --- the call ------------------------------------------------------------------------
     def __call__(self, x: torch.Tensor, mode: bool | str = True) -> dict[str, torch.Tensor]:
         """Run ``fn(x)`` from a graph. ``mode``: True (capture on first sight) or "auto" (on 2nd)."""
-        self.check_weights()
+        if mode is False:
+            return self.fn(x)
         why_not = self.backend.unavailable(x.device)
         if why_not is not None:
             if mode is True:
@@ -128,20 +135,39 @@ class GraphRunner:
                     f"cuda_graph=True needs a CUDA device: {why_not}. Run the model on a GPU "
                     "(device='cuda' or model.to('cuda')), or use cuda_graph='auto' to run eagerly "
                     "where graphs are unavailable, or cuda_graph=False")
+            if self._table:
+                self.check_weights()  # e.g. moved to the CPU: free the graphs and the pinned GPU weights
             self._note_fallback(why_not)
             return self.fn(x)
+        return self._run(x, mode, retry=True)
+
+    def _run(self, x: torch.Tensor, mode: bool | str, retry: bool) -> dict[str, torch.Tensor]:
         key = self._key(x)
-        entry = self._entry(key, x, mode)
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is not None:
+                self._table.move_to_end(key)
+            epoch = self._epoch
         if entry is None:
-            return self.fn(x)
-        return self._replay(entry, x)
+            self.check_weights()  # capture (or run eagerly) against the weights as they are now
+            entry = self._entry(key, x, mode)
+            return self.fn(x) if entry is None else self._replay(entry, x)
+        out = self._replay(entry, x)
+        # The weight check runs after the launch, so its host time overlaps the device's work.
+        # A graph whose weights moved before this replay read the old weights (pinned by the
+        # watch, so live memory): the epoch then differs and the result is thrown away.
+        if not self._watch.unchanged():
+            self.check_weights()
+        if self._epoch == epoch:
+            return out
+        return self._run(x, mode, retry=False) if retry else self.fn(x)
 
     def capture(self, x: torch.Tensor) -> dict[str, Any]:
         """Capture ``x``'s key now (no-op if present); returns that graph's info."""
-        self.check_weights()
         why_not = self.backend.unavailable(x.device)
         if why_not is not None:
             raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
+        self.check_weights()
         entry = self._entry(self._key(x), x, True)
         assert entry is not None  # mode True raises instead of returning None
         return self._describe(entry)
@@ -216,6 +242,7 @@ class GraphRunner:
             entry = _Entry(key, graph, static_input, static_output, packer.layout, fence,
                            (time.perf_counter() - start) * 1e3)
             with self._lock:
+                self._watch.pin()  # a graph now reads these storages: keep them alive (see _run)
                 self._table[key] = entry
                 self._sightings.pop(key, None)
                 self.captures += 1
@@ -238,31 +265,46 @@ class GraphRunner:
 
     # --- invalidation, eviction, release ----------------------------------------------------
     def check_weights(self) -> None:
-        """Drop every graph if the module's parameters or buffers moved or changed."""
-        reason = self._watch.check()
-        if reason is not None:
-            self._drop_all(reason)
-
-    def _drop_all(self, reason: str) -> None:
+        """Drop every graph if the module's parameters or buffers moved or changed since capture."""
         with self._lock:
-            if self._table or self._failed or self._sightings:
-                self.invalidations += 1
-                self.last_invalidation = reason
-            self._table.clear()
-            self._failed.clear()
-            self._sightings.clear()
-            self._pools.clear()
+            reason, new = self._watch.changes()
+            if new is None:
+                return
+            if reason is not None:
+                self._epoch += 1  # before the new state is visible: see _run
+                if self._table or self._failed or self._sightings:
+                    self.invalidations += 1
+                    self.last_invalidation = reason
+                # replays launched before this point may still read the pinned old weights and
+                # the graphs' buffers: let them finish before either is freed
+                self.backend.quiesce(self._watch.pinned_devices() | self._devices())
+                self._table.clear()
+                self._failed.clear()
+                self._sightings.clear()
+                self._pools.clear()
+            self._watch.commit(new)
+            if self._table:  # an unrelated registration: same storages, keep them pinned
+                self._watch.pin()
 
     def _evict_over_limit(self) -> None:
+        """Under the table lock. Freeing a graph waits for launched work (rare: captures, resizes)."""
+        if len(self._table) > self._max_graphs:
+            self.backend.quiesce(self._devices())
         while len(self._table) > self._max_graphs:
             self._table.popitem(last=False)
             self.evictions += 1
 
+    def _devices(self) -> set[torch.device]:
+        return {e.static_input.device for e in self._table.values()}
+
     def release(self) -> None:
         """Free every graph, its buffers and its pool; forget failures and pending "auto" sightings."""
+        self.check_weights()  # also unpins weights that moved since the last call
         with self._lock:
             had = bool(self._table)
+            self.backend.quiesce(self._devices())
             self._table.clear()
+            self._watch.unpin()
             self._failed.clear()
             self._sightings.clear()
             self._pools.clear()

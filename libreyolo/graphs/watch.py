@@ -24,6 +24,7 @@ Three signals, cheapest first:
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 from dataclasses import dataclass
@@ -76,46 +77,76 @@ class _Snapshot:
     indices: list[int]
     sentinels: list[torch.Tensor]
     versions: list[int]
+    pins: tuple[torch.Tensor, ...] = ()  # views keeping the recorded storages alive (see WeightWatch)
 
 
 class WeightWatch:
-    """Tracks the parameters and buffers of ``module``; :meth:`check` says what changed, if anything."""
+    """Tracks the parameters and floating buffers of ``module``.
+
+    While graphs exist, the runner has it *pin* the storages it recorded (:meth:`pin`: a
+    ``detach()`` view of each tensor) until the state is replaced. So a graph replayed after
+    the weights moved still reads live memory holding the old values, never freed or reused
+    memory; that is what lets the runner check after launching a replay (overlapping the check
+    with the device's work) and throw a stale result away. The cost: after a move, the old
+    weights stay allocated until the next check (or ``release_graphs()``).
+
+    Not thread-safe by itself: :meth:`changes` and :meth:`commit` are called under the runner's
+    lock; :meth:`unchanged` may be called from any thread.
+    """
 
     def __init__(self, module: nn.Module) -> None:
         _install_hooks()
         self.module = module
-        self._lock = threading.Lock()
-        self._state = self._snapshot()
+        self.state = self.snapshot()
 
-    def _snapshot(self) -> _Snapshot:
+    def snapshot(self) -> _Snapshot:
         generation = _generation[0]  # read first: a registration during collection is seen next time
-        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        # integer buffers (BatchNorm's num_batches_tracked) are not read by an eval forward and
+        # only ever move together with the floating tensors; skipping them saves a sixth of the check
+        tensors = list(self.module.parameters()) + [b for b in self.module.buffers() if b.is_floating_point()]
         # inference tensors (a model built under torch.inference_mode) have no version counter
         sentinels = [t for t in (tensors[:1] + tensors[-1:]) if not t.is_inference()]
         return _Snapshot(generation, tensors, [id(t) for t in tensors], list(map(_data_ptr, tensors)),
                          list(range(len(tensors))), sentinels, list(map(_version, sentinels)))
 
-    def _unchanged(self, s: _Snapshot) -> bool:
+    def unchanged(self) -> bool:
+        """True if every tracked tensor is where (and as) it was recorded: the per-call check."""
+        s = self.state
         return (_generation[0] == s.generation and ptrs_equal(s.tensors, s.ptrs, s.indices)
                 and list(map(_version, s.sentinels)) == s.versions)
 
-    def check(self) -> str | None:
-        """None if nothing moved since the last check, else why (and the new state is recorded)."""
-        if self._unchanged(self._state):
-            return None
-        with self._lock:  # one thread records the change and reports it; the others see the new state
-            old = self._state
-            if self._unchanged(old):
-                return None
-            self._state = new = self._snapshot()
-            if new.ptrs != old.ptrs:
-                return "parameters or buffers moved (device or dtype change, or replaced storage)"
-            if list(map(_version, old.sentinels)) != old.versions:
-                return "weights were modified in place (e.g. load_weights or load_state_dict)"
-            if new.ids != old.ids:
-                return "parameters, buffers or submodules of the network were replaced"
-            return None  # a module registration elsewhere in the process; this network is unchanged
+    def changes(self) -> tuple[str | None, _Snapshot | None]:
+        """(why the graphs are stale or None, the state to :meth:`commit`, or None if nothing changed)."""
+        if self.unchanged():
+            return None, None
+        old, new = self.state, self.snapshot()
+        if new.ptrs != old.ptrs:
+            return "parameters or buffers moved (device or dtype change, or replaced storage)", new
+        if list(map(_version, old.sentinels)) != old.versions:
+            return "weights were modified in place (e.g. load_weights or load_state_dict)", new
+        if new.ids != old.ids:
+            return "parameters, buffers or submodules of the network were replaced", new
+        return None, new  # a module registration elsewhere in the process; this network is unchanged
+
+    def commit(self, state: _Snapshot) -> None:
+        self.state = state
+
+    def pin(self) -> None:
+        """Keep the recorded storages alive (while graphs that read them exist)."""
+        if not self.state.pins:
+            self.state = dataclasses.replace(self.state, pins=tuple(t.detach() for t in self.state.tensors))
+
+    def unpin(self) -> None:
+        self.state = dataclasses.replace(self.state, pins=())
+
+    def pinned_devices(self) -> set[torch.device]:
+        return {t.device for t in self.state.pins}
+
+    @property
+    def tracked(self) -> int:
+        """How many tensors every check compares."""
+        return len(self.state.tensors)
 
     def fingerprint(self) -> list[tuple[int, str, str, tuple[int, ...]]]:
         """(data_ptr, dtype, device, shape) of every tracked tensor, for diagnostics and tests."""
-        return [(t.data_ptr(), str(t.dtype), str(t.device), tuple(t.shape)) for t in self._state.tensors]
+        return [(t.data_ptr(), str(t.dtype), str(t.device), tuple(t.shape)) for t in self.state.tensors]
