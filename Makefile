@@ -1,12 +1,13 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - create .venv, install, run predict with the default model on the bundled sample image
-#                 (becomes the ONNX export with its validation report once export lands)
+#   make demo   - create .venv, install, export the default model (YOLOv9-t) to ONNX with its validation report
 #   make test   - create .venv, install with test extras, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # the CPU build of torch is enough for the demo and tests; set TORCH= to keep an existing install
 TORCH ?= torch==2.13.0
+# extras the test suite exercises (export formats that run on a CPU machine)
+EXTRAS ?= dev,onnx-simplify,executorch,coreml
 COMPAT ?= $(abspath ../shared/compat)
 
 .PHONY: venv demo test lint clean
@@ -17,10 +18,12 @@ $(BIN)/python:
 
 venv: $(BIN)/python
 	@if [ -n "$(TORCH)" ]; then $(BIN)/pip install -q "$(TORCH)"; fi
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 
 demo: venv
-	$(BIN)/libreyolo predict model=LibreYOLO9t.yaml save_dir=out
+	mkdir -p out
+	$(BIN)/libreyolo export model=LibreYOLO9t.yaml format=onnx imgsz=640 output=out/LibreYOLO9t.onnx
+	$(BIN)/libreyolo predict model=out/LibreYOLO9t.onnx save_dir=out
 
 test: venv
 	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" tests

@@ -1,0 +1,104 @@
+"""What an exporter declares, and the registry the driver picks it from.
+
+An exporter turns the traced :class:`~libreyolo.export.module.ExportModule` into one artifact
+file (or package folder) and stores metadata in it. It states its capabilities as class
+attributes, so the driver checks options once for every format.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from libreyolo.errors import ArgumentError, LibreYOLOError
+
+
+class ExportError(LibreYOLOError, RuntimeError):
+    """An export could not produce a valid artifact (toolchain failure or failed validation)."""
+
+
+@dataclass
+class ExportOptions:
+    """Checked, normalised export options (see :func:`libreyolo.export.export`)."""
+
+    format: str
+    imgsz: int
+    batch: int = 1
+    dynamic: bool = False
+    half: bool = False
+    opset: int | None = None
+    simplify: bool = False
+    nms: dict[str, Any] | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    workspace: float | None = None
+    validate: bool = True
+    require_validation: bool = False
+    dynamic_spatial: bool = False   # dynamic height/width too (contract and format allow it)
+    device_explicit: bool = False   # the user named the device
+
+    @property
+    def precision(self) -> str:
+        return "fp16" if self.half else "fp32"
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {"imgsz": self.imgsz, "batch": self.batch, "dynamic": self.dynamic, "half": self.half,
+                "opset": self.opset, "simplify": self.simplify, "nms": self.nms is not None,
+                "device": str(self.device), "workspace": self.workspace, "validate": self.validate}
+
+
+class Exporter:
+    """Base class of one artifact format."""
+
+    name: ClassVar[str]
+    suffix: ClassVar[str]
+    runtime: ClassVar[str]           # module under libreyolo.runtimes that runs the artifact
+    extra: ClassVar[str]             # pip extra that brings the toolchain
+    toolchain: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the metadata
+    is_directory: ClassVar[bool] = False
+    dynamic_shapes: ClassVar[bool] = False   # can the artifact take a dynamic batch size
+    dynamic_spatial: ClassVar[bool] = True   # ... and a dynamic height/width, where the family allows it
+    half: ClassVar[str] = "no"               # "no", "cuda" (fp16 export needs a CUDA device) or "any"
+    embedded_nms: ClassVar[bool] = False
+    onnx_options: ClassVar[bool] = False     # does opset/simplify apply
+    workspace_option: ClassVar[bool] = False
+
+    def check(self, opts: ExportOptions) -> None:
+        """Format-specific argument checks, before anything is built."""
+
+    def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
+              work: Path) -> None:
+        """Write the artifact to ``path`` (``work`` is a scratch folder removed afterwards)."""
+        raise NotImplementedError
+
+    def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def companions(self, path: Path) -> list[Path]:
+        """Files that travel with the artifact (sidecar metadata), installed before it."""
+        return []
+
+    def not_validated_reason(self, opts: ExportOptions) -> str | None:
+        """Why the artifact cannot be run on this machine, or None when it can."""
+        return None
+
+    def graph_ops(self, path: Path) -> set[str]:
+        """Operator names in the artifact's program (portability checks)."""
+        raise NotImplementedError
+
+
+_MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt"}
+_ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt"}
+FORMATS = tuple(_MODULES)
+
+
+def get_exporter(fmt: Any) -> Exporter:
+    """The exporter for a format name (``onnx``, ``executorch``, ``coreml``, ``tensorrt``)."""
+    key = str(fmt).lower().lstrip(".") if isinstance(fmt, str) else None
+    key = _ALIASES.get(key, key)
+    if key not in _MODULES:
+        raise ArgumentError(f"unknown export format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    module = importlib.import_module(f"libreyolo.export.{_MODULES[key]}")
+    return module.EXPORTER

@@ -1,0 +1,101 @@
+"""``libreyolo export``: the command-line side of :func:`libreyolo.export.export`.
+
+The lead's ``libreyolo/cli.py`` parses the command line and calls :func:`run_export` with a
+dict of options (unknown keys are an error):
+
+============================  =========  ==================================================
+option                        default    meaning
+============================  =========  ==================================================
+``model``                     required   checkpoint (``LibreYOLO9t.pt``), ``*.yaml`` or Hub name
+``format``                    ``onnx``   ``onnx``, ``executorch``, ``coreml``, ``tensorrt``
+``imgsz``                     model's    input size, a multiple of the stride (32)
+``batch``                     ``1``      batch size (``tensorrt`` + ``dynamic``: the largest)
+``dynamic``                   ``False``  dynamic batch (and height/width for ONNX)
+``half``                      ``False``  float16 (ONNX: needs ``device=cuda``)
+``opset``                     ``17``     ONNX opset (13..20), ONNX and TensorRT only
+``simplify``                  ``False``  run onnxslim on the graph (extra ``onnx-simplify``)
+``nms``                       ``False``  embed NMS: outputs ``detections``, ``num_detections``
+``device``                    model's    ``cpu`` or ``cuda[:i]`` to trace on
+``output``                    see below  artifact path (or an existing folder)
+``name``                      ``None``   file name in the default folder (instead of output)
+``workspace``                 ``4``      TensorRT builder workspace in GiB
+``validate``                  ``True``   compare the artifact with eager (``False``: warning)
+``require_validation``        ``False``  fail unless the artifact was actually validated here
+============================  =========  ==================================================
+
+Default output: next to the checkpoint with the format's suffix (``LibreYOLO9t.onnx``), or
+``<family><size>.<ext>`` in the current folder for a model built from a YAML.
+Boolean options accept ``True/False``, ``1/0``, ``yes/no``, ``on/off`` strings.
+
+Exit codes: 0 when the artifact is written (validated, or not validatable here and
+``require_validation`` is off); user mistakes raise :class:`libreyolo.errors.LibreYOLOError`
+subclasses, which the CLI prints in one line and turns into a non-zero exit.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from libreyolo.errors import ArgumentError
+
+OPTIONS: dict[str, Any] = {
+    "model": None, "format": "onnx", "imgsz": None, "batch": 1, "dynamic": False, "half": False,
+    "opset": None, "simplify": False, "nms": False, "device": None, "output": None, "name": None,
+    "workspace": None, "validate": True, "require_validation": False,
+}
+_BOOLS = ("dynamic", "half", "simplify", "nms", "validate", "require_validation")
+_INTS = ("imgsz", "batch", "opset")
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE | _FALSE:
+        return text in _TRUE
+    raise ArgumentError(f"{key} must be true or false, got {value!r}")
+
+
+def _int(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ArgumentError(f"{key} must be an integer, got {value!r}") from None
+
+
+def normalise(args: dict[str, Any]) -> dict[str, Any]:
+    """Options with defaults filled in and CLI strings converted."""
+    unknown = sorted(k for k in args if k.replace("-", "_") not in OPTIONS)
+    if unknown:
+        raise ArgumentError(f"unknown export option(s): {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    opts = dict(OPTIONS)
+    opts.update({k.replace("-", "_"): v for k, v in args.items() if v is not None})
+    if not opts["model"]:
+        raise ArgumentError("export needs model=<checkpoint .pt, .yaml or Hub name>")
+    for key in _BOOLS:
+        opts[key] = _bool(key, opts[key])
+    for key in _INTS:
+        if opts[key] is not None:
+            opts[key] = _int(key, opts[key])
+    if opts["workspace"] is not None:
+        try:
+            opts["workspace"] = float(opts["workspace"])
+        except ValueError:
+            raise ArgumentError(f"workspace must be a number of GiB, got {opts['workspace']!r}") from None
+    return opts
+
+
+def run_export(args: dict[str, Any]) -> int:
+    """Export as the CLI does; prints the artifact, its size, the validation and the next command."""
+    from libreyolo.api import LibreYOLO
+
+    opts = normalise(args)
+    model = LibreYOLO(opts.pop("model"))
+    if not hasattr(model, "export"):
+        raise ArgumentError(f"{type(model).__name__} is already an exported artifact; export from a checkpoint")
+    fmt = opts.pop("format")
+    report = model.export(format=fmt, verbose=False, **opts)
+    print(report.text())
+    return 0

@@ -1,0 +1,108 @@
+"""CoreML export: ``torch.export`` -> coremltools ML Program (``.mlpackage``).
+
+The input is an image (``ImageType``: RGB, scale 1/255, no bias), so apps feed camera frames
+directly; our runtime feeds the letterboxed image as 8-bit RGB, which is exact because the
+letterbox yields whole grey levels. Static shapes, batch 1. Conversion runs on Linux and
+macOS; running (and so validating) needs macOS. Metadata is stored as the package's
+user-defined metadata.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo.errors import ArgumentError, require
+from libreyolo.export.base import Exporter, ExportError, ExportOptions
+
+EXTRA = "coreml"
+NOT_ON_THIS_OS = "CoreML runs only on macOS"
+
+
+def _ct():
+    import logging
+
+    logging.getLogger("coremltools").setLevel(logging.ERROR)
+    return require("coremltools", EXTRA, "CoreML export")
+
+
+def mlpackage_ops(path: str | Path) -> set[str]:
+    """Operation types in the ML Program of a ``.mlpackage``."""
+    ct = _ct()
+    spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
+    found: set[str] = set()
+
+    def walk(block: Any) -> None:
+        for op in block.operations:
+            found.add(op.type)
+            for inner in op.blocks:
+                walk(inner)
+
+    for fn in spec.mlProgram.functions.values():
+        for block in fn.block_specializations.values():
+            walk(block)
+    return found
+
+
+class CoreMLExporter(Exporter):
+    name = "coreml"
+    suffix = ".mlpackage"
+    runtime = "coreml"
+    extra = EXTRA
+    toolchain = ("coremltools",)
+    is_directory = True
+    half = "any"  # fp16 is a conversion option (compute precision), no GPU needed
+
+    def check(self, opts: ExportOptions) -> None:
+        _ct()
+        if opts.batch != 1:
+            raise ArgumentError(f"CoreML image models take one image at a time: batch must be 1, got {opts.batch}")
+        if opts.device.type != "cpu":
+            raise ArgumentError(f"CoreML conversion traces on the CPU; got device={opts.device}")
+
+    def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
+              work: Path) -> None:
+        ct = _ct()
+        contract = module.contract
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                program = torch.export.export(module, (example,), strict=False).run_decompositions({})
+                mlmodel = ct.convert(
+                    program, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS16,
+                    inputs=[ct.ImageType(name=contract.input_name, shape=tuple(example.shape),
+                                         scale=contract.input_scale, bias=[0.0, 0.0, 0.0],
+                                         color_layout=ct.colorlayout.RGB)],
+                    outputs=[ct.TensorType(name=n) for n in module.output_names()],
+                    compute_precision=ct.precision.FLOAT16 if opts.half else ct.precision.FLOAT32,
+                )
+            except Exception as exc:
+                raise ExportError(f"CoreML conversion failed: {type(exc).__name__}: {exc}") from exc
+        mlmodel.short_description = f"LibreYOLO {module.family.name} ({module.family.task})"
+        mlmodel.save(str(path))
+
+    def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
+        ct = _ct()
+        mlmodel = ct.models.MLModel(str(path), skip_model_load=True)
+        mlmodel.user_defined_metadata.clear()
+        for key, value in encoded.items():
+            mlmodel.user_defined_metadata[key] = value
+        mlmodel.author = "libreyolo"
+        mlmodel.version = meta["versions"]["libreyolo"]
+        fresh = path.with_name("with-metadata-" + path.name)
+        mlmodel.save(str(fresh))
+        shutil.rmtree(path)
+        fresh.rename(path)
+
+    def not_validated_reason(self, opts: ExportOptions) -> str | None:
+        return None if sys.platform == "darwin" else NOT_ON_THIS_OS
+
+    def graph_ops(self, path: Path) -> set[str]:
+        return mlpackage_ops(path)
+
+
+EXPORTER = CoreMLExporter()

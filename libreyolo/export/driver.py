@@ -1,0 +1,240 @@
+"""The one export driver: check options, build, stamp metadata, validate, install atomically.
+
+It knows no family and no format by name: the family's :class:`ExportContract` says what the
+graph looks like, the format's :class:`Exporter` says how to write it.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo.errors import ArgumentError
+from libreyolo.export.base import Exporter, ExportError, ExportOptions, get_exporter
+from libreyolo.export.metadata import (
+    METADATA_VERSION,
+    encode,
+    sha256_file,
+    sha256_state,
+    toolchain_versions,
+)
+from libreyolo.export.module import ExportModule
+from libreyolo.export.nms import DEFAULTS as NMS_DEFAULTS
+from libreyolo.export.report import ExportReport, ValidationReport
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic: Any, half: Any, opset: Any,
+             simplify: Any, nms: Any, device: Any, workspace: Any, validate: Any,
+             require_validation: Any) -> ExportOptions:
+    from libreyolo.engine.predictor import check_imgsz
+
+    fmt = exporter.name
+    imgsz = check_imgsz(model.imgsz if imgsz is None else imgsz, model.family.stride)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ArgumentError(f"batch must be a positive integer, got {batch!r}")
+    dynamic, half, simplify = _flag("dynamic", dynamic), _flag("half", half), _flag("simplify", simplify)
+    validate, require_validation = _flag("validate", validate), _flag("require_validation", require_validation)
+    contract = model.family.export
+    if dynamic and not exporter.dynamic_shapes:
+        raise ArgumentError(f"dynamic=True is not possible for format={fmt}: its artifacts have static shapes; "
+                            "export with dynamic=False and the batch/imgsz you will run with")
+    if dynamic and not contract.dynamic_batch:
+        raise ArgumentError(f"family {model.family.name} declares static shapes; dynamic=True is not possible")
+    if not exporter.onnx_options and (opset is not None or simplify):
+        raise ArgumentError(f"opset/simplify apply to ONNX-based formats, not format={fmt}")
+    if workspace is not None and not exporter.workspace_option:
+        raise ArgumentError(f"workspace applies only to format=tensorrt, not format={fmt}")
+    if workspace is not None and (isinstance(workspace, bool) or not isinstance(workspace, (int, float))
+                                  or workspace <= 0):
+        raise ArgumentError(f"workspace must be a positive number of GiB, got {workspace!r}")
+    nms_params = None
+    if nms is not None and nms is not False:
+        if not exporter.embedded_nms or contract.nms_input is None:
+            what = f"format={fmt}" if not exporter.embedded_nms else f"family {model.family.name}"
+            raise ArgumentError(f"nms=True (NMS inside the artifact) is not supported for {what}; "
+                                "export with nms=False (the runtime then runs NMS, as eager does)")
+        nms_params = dict(NMS_DEFAULTS)
+        if isinstance(nms, dict):
+            unknown = sorted(set(nms) - set(NMS_DEFAULTS))
+            if unknown:
+                raise ArgumentError(f"unknown nms option(s) {unknown}; known: {sorted(NMS_DEFAULTS)}")
+            nms_params.update(nms)
+        elif nms is not True:
+            raise ArgumentError(f"nms must be True, False or a dict of {sorted(NMS_DEFAULTS)}, got {nms!r}")
+    dev = torch.device(device) if device is not None else model.device
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ArgumentError(f"device {str(dev)!r} requested but CUDA is not available on this machine")
+    if half and exporter.half == "no":
+        raise ArgumentError(f"half=True is not supported for format={fmt}; export in float32")
+    if half and exporter.half == "cuda" and dev.type != "cuda":
+        raise ArgumentError(f"half=True for format={fmt} needs a CUDA device to trace in float16 "
+                            f"(device is {dev}); pass device=cuda:0 or export in float32")
+    opts = ExportOptions(fmt, imgsz, batch, dynamic, half, opset, simplify, nms_params, dev, workspace,
+                         validate, require_validation,
+                         dynamic_spatial=dynamic and contract.dynamic_spatial and exporter.dynamic_spatial,
+                         device_explicit=device is not None)
+    exporter.check(opts)
+    return opts
+
+
+def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Path:
+    """Where the artifact goes: ``output`` if given, else next to the checkpoint, else the CWD."""
+    if output is not None and name is not None:
+        raise ArgumentError("pass either output (a path) or name (a file name), not both")
+    stem = (Path(model.source).stem if getattr(model, "source", None)
+            else f"{model.family.name}{model.size}")
+    folder = Path(model.source).parent if getattr(model, "source", None) else Path(".")
+    if name is not None:
+        name = Path(str(name))
+        if name.name != str(name):
+            raise ArgumentError(f"name must be a file name without folders, got {str(name)!r}; use output= for a path")
+        path = folder / (name.name if name.suffix.lower() == exporter.suffix else name.name + exporter.suffix)
+    elif output is not None:
+        path = Path(output)
+        if path.is_dir() and path.suffix.lower() != exporter.suffix:
+            path = path / (stem + exporter.suffix)
+    else:
+        path = folder / (stem + exporter.suffix)
+    if path.suffix.lower() != exporter.suffix:
+        raise ArgumentError(f"output {str(path)!r} must end in {exporter.suffix} for format={exporter.name} "
+                            "(runtimes are chosen by the file suffix)")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ArgumentError(f"cannot write {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ArgumentError(f"cannot write {path}: the folder {parent} is not writable")
+    return path
+
+
+def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: ExportModule) -> dict[str, Any]:
+    family, contract = model.family, model.family.export
+    box = family.letterbox(opts.imgsz)
+    source = getattr(model, "source", None)
+    weights = sha256_file(source) if source and Path(source).is_file() else "state_dict:" + sha256_state(model.net)
+    axes = {}
+    if opts.dynamic:
+        from libreyolo.export.onnx import dynamic_axes
+
+        axes = {k: {str(a): n for a, n in v.items()} for k, v in (dynamic_axes(module, opts) or {}).items()}
+    return {
+        "libreyolo_metadata": METADATA_VERSION, "format": exporter.name, "family": family.name,
+        "size": model.size, "task": family.task, "nc": model.nc, "names": {str(k): v for k, v in model.names.items()},
+        "imgsz": opts.imgsz, "batch": opts.batch, "stride": family.stride,
+        "input_name": contract.input_name, "output_names": list(module.output_names()),
+        "input_dtype": "float16" if opts.half and exporter.half == "cuda" else "float32",
+        "normalization": {"layout": contract.input_layout, "color": contract.input_color,
+                          "scale": contract.input_scale, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]},
+        "letterbox": {"placement": box.placement, "pad_value": box.pad_value, "size": box.size,
+                      "resize": "bilinear, half-pixel centres, rounded to 8 bit"},
+        "precision": opts.precision, "dynamic_axes": axes, "nms": opts.nms,
+        "export_args": opts.as_metadata(), "versions": toolchain_versions(*exporter.toolchain),
+        "source_weights_sha256": weights,
+        "validation": {"status": "pending"},
+    }
+
+
+def _install(exporter: Exporter, built: Path, final: Path) -> None:
+    """Move the built artifact (and its companions first) onto ``final``; all or nothing."""
+    moved: list[Path] = []
+    try:
+        for comp in exporter.companions(built):
+            target = final.with_name(final.name + comp.name[len(built.name):])
+            os.replace(comp, target)
+            moved.append(target)
+        if built.is_dir():
+            old = None
+            if final.exists():
+                old = final.with_name(f".{final.name}.old-{os.getpid()}")
+                os.replace(final, old)
+            try:
+                os.replace(built, final)
+            except BaseException:
+                if old is not None:
+                    os.replace(old, final)
+                raise
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(built, final)
+    except BaseException:
+        for target in moved:
+            target.unlink(missing_ok=True)
+        raise
+
+
+def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch: int = 1,  # noqa: A002
+           dynamic: bool = False, half: bool = False, opset: int | None = None, simplify: bool = False,
+           nms: bool | dict[str, Any] = False, device: str | torch.device | None = None,
+           output: str | Path | None = None, name: str | None = None, workspace: float | None = None,
+           validate: bool = True, require_validation: bool = False, verbose: bool = True) -> ExportReport:
+    """Export an eager model to an artifact, validate it against eager, and install it atomically.
+
+    ``format``: ``onnx``, ``executorch``, ``coreml`` or ``tensorrt``. ``imgsz`` defaults to the
+    model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``, ``max_det``)
+    embeds NMS. ``validate=False`` skips the comparison with eager (with a loud warning);
+    ``require_validation=True`` fails when the artifact cannot be run here. Raises
+    :class:`~libreyolo.errors.ArgumentError` for bad options and :class:`ExportError` when the
+    toolchain fails or the artifact does not match eager; nothing is left at the output path then.
+    """
+    exporter = get_exporter(format)
+    opts = _options(model, exporter, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, opset=opset,
+                    simplify=simplify, nms=nms, device=device, workspace=workspace, validate=validate,
+                    require_validation=require_validation)
+    final = default_output(model, exporter, output, name)
+    if opts.require_validation:  # known before building: fail fast
+        reason = "validate=False was passed" if not opts.validate else exporter.not_validated_reason(opts)
+        if reason:
+            raise ExportError(f"require_validation=True but the artifact cannot be validated here: {reason}; "
+                              f"nothing was written to {final}")
+    start = time.perf_counter()
+    net = copy.deepcopy(model.net).to(opts.device).eval()
+    net = net.half() if opts.half and exporter.half == "cuda" else net.float()
+    module = ExportModule(net, model.family, opts.nms, nc=model.nc).to(opts.device).eval()
+    dtype = torch.float16 if opts.half and exporter.half == "cuda" else torch.float32
+    example = torch.full((opts.batch, 3, opts.imgsz, opts.imgsz), 0.5, dtype=dtype, device=opts.device)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        built = work / final.name
+        with torch.no_grad():
+            exporter.build(module, example, built, opts, work)
+        meta = _metadata(model, exporter, opts, module)
+        exporter.write_metadata(built, encode(meta), meta)
+        if opts.validate:
+            from libreyolo.export.validate import validate_artifact
+
+            reason = exporter.not_validated_reason(opts)
+            report = ValidationReport.not_run(reason) if reason else validate_artifact(model, exporter, built, opts)
+        else:
+            report = ValidationReport.skipped()
+            print("\n" + "!" * 78 + "\nWARNING: validate=False: this artifact was NOT compared with the eager "
+                  "model.\nIts outputs may be wrong and nothing here would notice.\n" + "!" * 78 + "\n",
+                  file=sys.stderr)
+        meta["validation"] = report.to_dict()
+        exporter.write_metadata(built, encode(meta), meta)
+        if report.status == "failed":
+            raise ExportError(f"{exporter.name} artifact does not match the eager model; nothing was written "
+                              f"to {final}.\n{report.text()}")
+        if opts.require_validation and report.status != "passed":
+            raise ExportError(f"require_validation=True but the artifact was {report.headline()}; nothing was "
+                              f"written to {final}")
+        _install(exporter, built, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = ExportReport(path=final, format=exporter.name, validation=report, metadata=meta,
+                       seconds=time.perf_counter() - start)
+    if verbose:
+        print(out.text())
+    return out

@@ -1,0 +1,131 @@
+"""ONNX export.
+
+Exporter path: the TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``).
+Why: it emits the requested opset directly (17 by default) from a symbolic table that has
+been stable for years, takes ``dynamic_axes`` for batch and spatial sizes, and needs nothing
+beyond torch and onnx. The dynamo exporter builds opset 18+ graphs and reaches lower opsets
+through the ONNX version converter, which fails on some ops, and it needs onnxscript; its
+graphs are not more portable for a convolutional detector. The traced graph is checked with
+``onnx.checker`` and validated against eager before it is installed.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo.errors import ArgumentError, require
+from libreyolo.export.base import Exporter, ExportError, ExportOptions
+
+DEFAULT_OPSET = 17
+MIN_OPSET = 13
+MAX_OPSET = 20  # the TorchScript exporter's newest opset in torch 2.11-2.14
+
+
+def dynamic_axes(module: Any, opts: ExportOptions) -> dict[str, dict[int, str]] | None:
+    """ONNX ``dynamic_axes`` for the options: batch, plus height/width where contract and format allow."""
+    if not opts.dynamic:
+        return None
+    contract = module.contract
+    spatial = opts.dynamic_spatial
+    axes: dict[str, dict[int, str]] = {contract.input_name: {0: "batch"}}
+    if spatial:
+        axes[contract.input_name].update({2: "height", 3: "width"})
+    axes.update(module.output_axes(spatial))
+    return axes
+
+
+def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions) -> None:
+    """Trace ``module`` to an ONNX file at ``path`` (no metadata yet)."""
+    onnx = require("onnx", "onnx", "ONNX export")
+    contract = module.contract
+    with warnings.catch_warnings():
+        # tracer warnings about shape-dependent Python values are expected: every such value
+        # (grid sizes, the NMS pad) is either static by design or derived from tensors
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(
+                module, (example,), str(path), dynamo=False, opset_version=opts.opset,
+                input_names=[contract.input_name], output_names=list(module.output_names()),
+                dynamic_axes=dynamic_axes(module, opts), do_constant_folding=True,
+            )
+        except Exception as exc:
+            raise ExportError(f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
+    model = onnx.load(str(path))
+    if opts.simplify:
+        slim = require("onnxslim", "onnx-simplify", "simplify=True (ONNX graph simplification)")
+        model = slim.slim(model)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+class OnnxExporter(Exporter):
+    name = "onnx"
+    suffix = ".onnx"
+    runtime = "onnx"
+    extra = "onnx"
+    toolchain = ("onnx", "onnxruntime", "onnxslim")
+    dynamic_shapes = True
+    half = "cuda"
+    embedded_nms = True
+    onnx_options = True
+
+    def check(self, opts: ExportOptions) -> None:
+        require("onnx", "onnx", "ONNX export")
+        check_opset(opts)
+
+    def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
+              work: Path) -> None:
+        export_onnx(module, example, path, opts)
+
+    def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
+        onnx = require("onnx", "onnx", "ONNX export")
+        model = onnx.load(str(path))
+        del model.metadata_props[:]
+        for key, value in encoded.items():
+            entry = model.metadata_props.add()
+            entry.key, entry.value = key, value
+        model.producer_name = "libreyolo"
+        model.producer_version = meta["versions"]["libreyolo"]
+        onnx.save(model, str(path))
+
+    def not_validated_reason(self, opts: ExportOptions) -> str | None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            return "onnxruntime is not installed (pip install 'libreyolo[onnx]')"
+        if opts.half and "CUDAExecutionProvider" not in ort.get_available_providers():
+            return "an fp16 ONNX model is validated on ONNX Runtime's CUDA provider, which is not available here"
+        return None
+
+    def graph_ops(self, path: Path) -> set[str]:
+        return onnx_ops(path)
+
+
+def check_opset(opts: ExportOptions) -> None:
+    if opts.opset is None:
+        opts.opset = DEFAULT_OPSET
+    if isinstance(opts.opset, bool) or not isinstance(opts.opset, int) or not MIN_OPSET <= opts.opset <= MAX_OPSET:
+        raise ArgumentError(f"opset must be an integer from {MIN_OPSET} to {MAX_OPSET}, got {opts.opset!r}")
+
+
+def onnx_ops(path: str | Path) -> set[str]:
+    """``domain::op`` for non-standard ops, plain op type for the default ONNX domain."""
+    onnx = require("onnx", "onnx", "reading an ONNX graph")
+    model = onnx.load(str(path))
+    found: set[str] = set()
+
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            found.add(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}")
+            for attr in node.attribute:
+                if attr.g is not None and attr.g.node:
+                    walk(attr.g)
+
+    walk(model.graph)
+    return found
+
+
+EXPORTER = OnnxExporter()

@@ -1,0 +1,228 @@
+"""One validator for every format: run the artifact through its runtime, compare with eager.
+
+Inputs: the sample image (letterboxed like predict does) and probes of different
+distributions (uniform, clipped normal, smooth ramps), at the exported batch size, plus a
+second batch size and a non-square size when the artifact has dynamic axes. Raw outputs are
+compared per output (max abs error against ``atol + rtol * |eager|``, cosine similarity in
+float64) with the family contract's thresholds for the format and precision; decoded
+detections are matched by class and IoU, and the sample image goes through both full
+``predict()`` pipelines.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo.export.base import Exporter, ExportOptions
+from libreyolo.export.module import ExportModule
+from libreyolo.export.report import ValidationReport
+from libreyolo.ops.boxes import box_iou
+from libreyolo.ops.letterbox import LetterboxMeta
+
+VALIDATION_CONF = 0.25
+
+
+def probe_images(imgsz: int, height: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Synthetic (1, 3, H, W) inputs in [0, 1] of three distributions, rebuilt exactly from ``seed``."""
+    h, w = height or imgsz, imgsz
+    g = torch.Generator().manual_seed(seed)
+    uniform = torch.rand(1, 3, h, w, generator=g)
+    normal = (0.5 + 0.2 * torch.randn(1, 3, h, w, generator=g)).clamp(0, 1)
+    ys = torch.linspace(0, 1, h).view(1, 1, h, 1).expand(1, 1, h, w)
+    xs = torch.linspace(0, 1, w).view(1, 1, 1, w).expand(1, 1, h, w)
+    ramps = torch.cat((xs, ys, 0.5 + 0.5 * torch.sin(6.0 * (xs + ys))), 1).contiguous()
+    return {"uniform": uniform, "clipped-normal": normal, "ramps": ramps}
+
+
+def sample_batch(family: Any, imgsz: int) -> tuple[torch.Tensor, list[LetterboxMeta]]:
+    from libreyolo.assets import SAMPLE_IMAGE
+    from libreyolo.data.sources import load_sources
+
+    return family.letterbox(imgsz)([load_sources(SAMPLE_IMAGE)[0].data])
+
+
+def compare_outputs(ref: torch.Tensor, got: torch.Tensor, atol: float, rtol: float, min_cos: float) -> dict:
+    """Max abs error, worst error relative to the allowance, cosine; ``passed`` by the thresholds."""
+    if tuple(ref.shape) != tuple(got.shape):
+        return {"max_abs_error": float("inf"), "allowed": atol, "cosine": 0.0, "passed": False,
+                "shape": f"{tuple(got.shape)} vs eager {tuple(ref.shape)}"}
+    r, g = ref.double().cpu(), got.double().cpu()
+    err = (r - g).abs()
+    allowed = atol + rtol * r.abs()
+    if r.is_floating_point() and r.numel() and float(r.norm()) > 0 and float(g.norm()) > 0:
+        cos = float(torch.dot(r.flatten(), g.flatten()) / (r.norm() * g.norm()))
+    else:
+        cos = 1.0 if torch.equal(r, g) else 0.0
+    worst = int(torch.argmax(err - allowed)) if err.numel() else 0
+    ok = bool((err <= allowed).all()) and cos >= min_cos and bool(torch.isfinite(g).all())
+    return {"max_abs_error": float(err.max()) if err.numel() else 0.0,
+            "allowed": float(allowed.flatten()[worst]) if err.numel() else atol, "cosine": cos, "passed": ok}
+
+
+def match_detections(ref: dict, got: dict, *, conf: float, max_det: int, iou_min: float, score_tol: float,
+                     nms_iou: float = 0.45) -> dict:
+    """Match detections by class and IoU (greedy, best score first).
+
+    Left-overs are tolerated only when they are explained by a tie: a *tie swap* is an
+    unmatched pair, one from each side, of the same class, with scores within ``score_tol``
+    and IoU above ``nms_iou``: two boxes that suppress each other, whose order a one-ulp
+    difference decided (eager itself breaks exact ties by index). A single left-over is
+    tolerated when its score is within ``score_tol`` of ``conf`` (a threshold flip) or at or
+    below the last score of the other list when ``max_det`` cut that list (it fell off the end
+    there because a tie earlier shifted the ranks). Anything else fails.
+    """
+    rb, rs, rc = ref["xyxy"].float().cpu(), ref["conf"].float().cpu(), ref["cls"].cpu()
+    gb, gs, gc = got["xyxy"].float().cpu(), got["conf"].float().cpu(), got["cls"].cpu()
+    iou = box_iou(rb, gb) if len(rb) and len(gb) else torch.zeros(len(rb), len(gb))
+    iou = iou * (rc[:, None] == gc[None, :])
+    used = torch.zeros(len(gb), dtype=torch.bool)
+    matched, ious, dconf, dbox = [], [], [], []
+    ref_hit = torch.zeros(len(rb), dtype=torch.bool)
+    for i in torch.argsort(rs, descending=True, stable=True).tolist():
+        row = iou[i].masked_fill(used, -1.0) if len(gb) else iou[i]
+        if not len(gb):
+            break
+        j = int(row.argmax())
+        if float(row[j]) >= iou_min:
+            used[j], ref_hit[i] = True, True
+            matched.append((i, j))
+            ious.append(float(row[j]))
+            dconf.append(abs(float(rs[i]) - float(gs[j])))
+            dbox.append(float((rb[i] - gb[j]).abs().max()))
+
+    swaps = 0
+    for i in torch.nonzero(~ref_hit).flatten().tolist():
+        for j in torch.nonzero(~used).flatten().tolist():
+            if (rc[i] == gc[j] and abs(float(rs[i]) - float(gs[j])) <= score_tol
+                    and float(box_iou(rb[i:i + 1], gb[j:j + 1])[0, 0]) > nms_iou):
+                ref_hit[i], used[j] = True, True
+                swaps += 1
+                break
+
+    # fates decided by a swap: left-overs overlapping (same class, IoU > nms_iou) a swapped box,
+    # transitively; a genuine error (wrong box, wrong score) has no swap to hang on
+    cascade = 0
+    if swaps:
+        pool_b = [rb[i] for i in range(len(rb)) if ref_hit[i] and not any(i == a for a, _ in matched)]
+        pool_b += [gb[j] for j in range(len(gb)) if used[j] and not any(j == b for _, b in matched)]
+        pool_c = [rc[i] for i in range(len(rb)) if ref_hit[i] and not any(i == a for a, _ in matched)]
+        pool_c += [gc[j] for j in range(len(gb)) if used[j] and not any(j == b for _, b in matched)]
+        grew = True
+        while grew:
+            grew = False
+            for boxes, classes, hit in ((rb, rc, ref_hit), (gb, gc, used)):
+                for i in torch.nonzero(~hit).flatten().tolist():
+                    if any(classes[i] == c and float(box_iou(boxes[i:i + 1], b[None])[0, 0]) > nms_iou
+                           for b, c in zip(pool_b, pool_c, strict=True)):
+                        hit[i] = True
+                        pool_b.append(boxes[i])
+                        pool_c.append(classes[i])
+                        cascade += 1
+                        grew = True
+
+    def borderline(scores: torch.Tensor, hit: torch.Tensor, other: torch.Tensor) -> bool:
+        # the other list was cut at max_det: a left-over scoring at or below its cut fell off there
+        cut = float(other.min()) if len(other) >= max_det else None
+        for s in scores[~hit].tolist():
+            if abs(s - conf) <= score_tol or (cut is not None and s <= cut + score_tol):
+                continue
+            return False
+        return True
+
+    ok = borderline(rs, ref_hit, gs) and borderline(gs, used, rs)
+    return {"eager": len(rb), "artifact": len(gb), "matched": len(matched), "tie_swaps": swaps, "swap_cascade": cascade,
+            "identical": len(matched) == len(rb) == len(gb), "min_iou": min(ious, default=1.0),
+            "max_conf_diff": max(dconf, default=0.0), "max_box_error": max(dbox, default=0.0), "passed": ok}
+
+
+def _batches(probes: dict[str, torch.Tensor], size: int,
+             count: int | None = None) -> list[tuple[list[str], torch.Tensor]]:
+    """Probes packed into batches of ``size`` (cycling through them), each with its probe names."""
+    names = list(probes)
+    count = -(-len(names) // size) if count is None else count
+    out = []
+    for b in range(count):
+        pick = [names[(b * size + j) % len(names)] for j in range(size)]
+        out.append((pick, torch.cat([probes[n] for n in pick])))
+    return out
+
+
+def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -> ValidationReport:
+    """Run the artifact at ``path`` with its runtime and compare it with ``model``."""
+    start = time.perf_counter()
+    family = model.family
+    runtime = importlib.import_module(f"libreyolo.runtimes.{exporter.runtime}").load(path, device=opts.device)
+    reference = ExportModule(model.net, family, opts.nms, nc=model.nc)
+    atol, rtol, min_cos = family.export.thresholds(exporter.name, opts.precision)
+    iou_min = 0.99 if opts.precision == "fp32" else 0.9
+    nms = opts.nms
+    conf = max(VALIDATION_CONF, nms["conf"]) if nms else VALIDATION_CONF
+    iou, max_det = (nms["iou"], nms["max_det"]) if nms else (0.45, 300)
+    report = ValidationReport("passed", runtime=runtime.describe())
+
+    sample, sample_metas = sample_batch(family, opts.imgsz)
+    probes = {"sample": sample, **probe_images(opts.imgsz)}
+    batches = _batches(probes, opts.batch)
+    if opts.dynamic:
+        batches += _batches(probes, opts.batch + 1, count=1)
+        if opts.dynamic_spatial:
+            h = max(2 * family.stride, opts.imgsz - 2 * family.stride)
+            batches.append(([f"{h}x{opts.imgsz}"], probe_images(opts.imgsz, height=h, seed=1)["uniform"]))
+
+    capped = 0
+    art_sample = None
+    for picks, x in batches:
+        name = "+".join(dict.fromkeys(picks)) + (f" (batch {len(picks)})" if len(picks) > 1 else "")
+        x_ref = x.to(model.device, next(model.net.parameters()).dtype)
+        with torch.inference_mode():
+            eager_named = family.named_outputs(model.net(x_ref))
+            ref = eager_named if reference.nms is None else dict(zip(
+                reference.output_names(), reference.nms(eager_named[family.export.nms_input], x_ref), strict=True))
+        got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
+        if nms is None:
+            for out_name, ref_t in ref.items():
+                check = compare_outputs(ref_t, got[out_name], atol, rtol, min_cos)
+                report.checks.append({"probe": name, "output": out_name, **check})
+        # decoded: eager postprocessing of eager outputs against the artifact's own decoder
+        plain = LetterboxMeta((x.shape[2], x.shape[3]), 1.0, (0.0, 0.0))
+        metas = [sample_metas[0] if p == "sample" else plain for p in picks]
+        eager = family.postprocess(eager_named, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+        art = runtime.family.postprocess(got, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+        if nms:
+            over = (eager_named[family.export.nms_input][:, 4:] > conf).flatten(1).sum(1)
+            if bool((over > nms["topk"]).any()):
+                within_topk = runtime.family.postprocess(ref, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+                eager = [t if bool(o > nms["topk"]) else e for e, t, o in zip(eager, within_topk, over, strict=True)]
+                capped += int((over > nms["topk"]).sum())
+        for k, (e, a) in enumerate(zip(eager, art, strict=True)):
+            m = match_detections(e, a, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
+            report.detections.append({"probe": picks[k] + (f" (batch {len(picks)})" if len(picks) > 1 else ""), **m})
+        if art_sample is None and picks[0] == "sample":
+            art_sample = art[0]
+
+    # the sample image through the artifact's complete predict(); the eager side is the same
+    # letterbox + network + postprocess that eager predict() runs, computed above
+    from libreyolo.assets import SAMPLE_IMAGE
+
+    if art_sample is not None:
+        r = runtime.predict(SAMPLE_IMAGE, imgsz=opts.imgsz, conf=conf, iou=iou, max_det=max_det)
+        got = {"xyxy": r.boxes.xyxy, "conf": r.boxes.conf, "cls": r.boxes.cls}
+        m = match_detections(art_sample, got, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
+        report.detections.append({"probe": "predict(sample) vs artifact decode", **m})
+    if nms:
+        report.notes.append("embedded NMS outputs are compared as detection sets (rows of tied scores may swap)")
+    if capped:
+        report.notes.append(
+            f"on {capped} input(s) more than topk={nms['topk']} (box, class) pairs score above conf={conf}: "
+            "the embedded NMS is exact for the top-k candidates only, so those inputs were compared with eager "
+            "greedy NMS over the same top-k candidates (see docs/export.md, embedded NMS limits)")
+    if opts.precision == "fp16":
+        report.notes.append("fp16 artifact compared with the float32 eager model at the fp16 thresholds")
+    if not all(c["passed"] for c in report.checks) or not all(d["passed"] for d in report.detections):
+        report.status = "failed"
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,15 @@
+"""Runtimes for exported artifacts: ``LibreYOLO("x.onnx" | "x.pte" | "x.mlpackage" | "x.engine")``.
+
+Each module exposes ``load(path, device=None, **kw)`` returning a
+:class:`~libreyolo.runtimes.base.ArtifactPredictor` with the eager model's ``predict()``.
+"""
+from __future__ import annotations
+
+__all__ = ["load"]
+
+
+def load(path, device=None, **kw):
+    """Open an artifact with the runtime its suffix names."""
+    from libreyolo.api import LibreYOLO
+
+    return LibreYOLO(path, device=device, **kw)
