@@ -74,8 +74,8 @@ def bench_ours(device: str, size: str, imgsz: int, n: int, graph: bool = False) 
 def bench_peer(device: str, size: str, n: int, graph: bool = False) -> dict:
     if not (ROOT / ".peer" / "libreyolo").is_dir():
         return {"error": "reference package not found under .peer/"}
-    proc = subprocess.run([sys.executable, "-c", PEER_CODE, device, size, str(n), "1" if graph else "0"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=900)
+    cmd = [sys.executable, "-c", PEER_CODE, device, size, str(n), "1" if graph else "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     return json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}
 

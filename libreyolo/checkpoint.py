@@ -121,7 +121,8 @@ def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: st
               for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     if missing or unexpected or shapes:
         parts = []
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch (file vs model)", shapes)):
+        groups = (("missing", missing), ("unexpected", unexpected), ("shape mismatch (file vs model)", shapes))
+        for label, keys in groups:
             if keys:
                 more = f" (+{len(keys) - 5} more)" if len(keys) > 5 else ""
                 parts.append(f"{label}: {', '.join(keys[:5])}{more}")
