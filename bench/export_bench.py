@@ -94,7 +94,15 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # a missing toolchain is a row, not a crash
                 rows.append({"name": f"{fmt}: not run", "device": "-", "error": str(exc).splitlines()[0]})
                 continue
-            devices = ["cpu"] + (["cuda"] if fmt == "onnx" and torch.cuda.is_available() else [])
+            devices = ["cpu"]
+            if fmt == "onnx" and torch.cuda.is_available():
+                import onnxruntime
+
+                if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+                    devices.append("cuda")
+                else:
+                    rows.append({"name": "onnx predict()", "device": "cuda",
+                                 "error": "not run: this onnxruntime has no CUDA provider (onnxruntime-gpu)"})
             for dev in devices:
                 runtime = LibreYOLO(report.path, device=dev)
 

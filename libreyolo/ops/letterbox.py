@@ -69,19 +69,27 @@ class Letterbox:
         n = len(images)
         if out is None:
             out = torch.empty((n, 3, self.size, self.size), device=device, dtype=dtype)
-        out.fill_(self.pad_value / 255.0)
+        pad = self.pad_value / 255.0
         metas = []
         for i, img in enumerate(images):
             h, w = int(img.shape[-2]), int(img.shape[-1])
             ratio, new_h, new_w, top, left = self.geometry(h, w)
+            canvas = out[i]
+            # grey only where the image does not go: each pixel is written once
+            canvas[:, :top].fill_(pad)
+            canvas[:, top + new_h:].fill_(pad)
+            canvas[:, top:top + new_h, :left].fill_(pad)
+            canvas[:, top:top + new_h, left + new_w:].fill_(pad)
+            region = canvas[:, top:top + new_h, left:left + new_w]
             integer = not img.is_floating_point()
-            x = img.unsqueeze(0)
             if (new_h, new_w) != (h, w):
-                x = F.interpolate(x.float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
+                x = F.interpolate(img.unsqueeze(0).float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
                 # an 8-bit source gives an 8-bit resize (whole grey levels), as OpenCV does
                 x = x.round_().clamp_(0, 255).div_(255.0) if integer else x.clamp_(0, 1)
-            elif integer:
-                x = x.float().div_(255.0)
-            out[i, :, top:top + new_h, left:left + new_w].copy_(x[0])
+                region.copy_(x[0])
+            else:
+                region.copy_(img)
+                if integer:
+                    region.div_(255.0)
             metas.append(LetterboxMeta((h, w), ratio, (float(left), float(top))))
         return out, metas
