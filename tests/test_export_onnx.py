@@ -234,3 +234,15 @@ def test_run_export_rejects_unknown_options_and_bad_values():
         run_export({"model": "LibreYOLO9t.yaml", "dynamic": "maybe"})
     with pytest.raises(ArgumentError, match="export needs model="):
         run_export({"format": "onnx"})
+
+
+def test_untrained_model_validation_still_compares_real_detections(tmp_path):
+    """An untrained head scores nothing above 0.25; the validator lowers conf so the decoded
+    comparison is not vacuous (what `make demo` shows)."""
+    from libreyolo import LibreYOLO
+
+    model = LibreYOLO("LibreYOLO9t.yaml")
+    report = model.export(format="onnx", imgsz=320, output=tmp_path / "u.onnx", verbose=False)
+    text = report.text()
+    assert "compared at conf=" in text
+    assert "matched 0/0" not in text and "eager 0 artifact 0" not in text
