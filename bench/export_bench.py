@@ -1,18 +1,21 @@
 """Time each artifact's predict() next to eager predict() and the bare runtime forward.
 
     python bench/export_bench.py [--model LibreYOLO9t.yaml] [--imgsz 640] [--runs 20]
-                                 [--formats onnx,executorch] [--json bench/results/DATE-export-cpu.json]
+                                 [--formats onnx,executorch,aoti] [--json bench/results/DATE-export-cpu.json]
 
-Rows: eager PyTorch predict(); for each artifact its predict() (letterbox + runtime + decode,
-the same pipeline) and the bare runtime call on a prepared input (ONNX Runtime
-``session.run``, ExecuTorch ``method.execute``), so the overhead of predict() over the runtime
-is visible (target: within 1.2x). On a machine with CUDA, ONNX Runtime on the GPU is added.
-Median of ``--runs`` after ``--warmup`` runs, one image (the bundled sample), batch 1.
+Rows: eager PyTorch predict() (which runs the Conv-BN-folded inference copy), the master
+network's forward and the inference copy's forward; for each artifact its predict() (letterbox
++ runtime + decode, the same pipeline) and the bare runtime call on a prepared input (ONNX
+Runtime ``session.run``, ExecuTorch ``method.execute``, the AOTInductor compiled model's call),
+so the overhead of predict() over the runtime is visible (target: within 1.2x). ``aoti`` rows
+also record the package's compile time. On a machine with CUDA, ONNX Runtime on the GPU is
+added. Median of ``--runs`` after ``--warmup`` runs, one image (the bundled sample), batch 1.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -54,6 +57,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _gcc_version() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return None
+
+
 def bare_forward(runtime: Any, batch: torch.Tensor) -> Any:
     """The runtime's own call on a ready input, without our pre/post-processing."""
     if runtime.format == "onnx":
@@ -61,6 +73,8 @@ def bare_forward(runtime: Any, batch: torch.Tensor) -> Any:
         return lambda: runtime.session.run(None, feed)
     if runtime.format == "executorch":
         return lambda: runtime.method.execute([batch])
+    if runtime.format == "aoti":
+        return lambda: runtime.compiled(batch)
     return lambda: runtime._run(batch)
 
 
@@ -86,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         rows.append({"name": "eager network forward", "device": "cpu",
                      **timed(lambda: model.net(batch), args.runs, args.warmup)})
+        copy = model.inference_copy()
+        rows.append({"name": "eager inference-copy forward", "device": "cpu", "folded": copy.folded,
+                     **timed(lambda: copy.module(batch), args.runs, args.warmup)})
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in formats:
-            suffix = {"onnx": ".onnx", "executorch": ".pte"}[fmt]
+            suffix = {"onnx": ".onnx", "executorch": ".pte", "aoti": ".pt2"}[fmt]
             try:
                 report = model.export(format=fmt, imgsz=args.imgsz, output=Path(tmp) / f"m{suffix}", verbose=False)
             except Exception as exc:  # a missing toolchain is a row, not a crash
@@ -109,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                 def run(r: Any = runtime) -> Any:
                     return r.predict(SAMPLE_IMAGE, conf=args.conf)
 
-                rows.append({"name": f"{fmt} predict()", "device": dev, "runtime": runtime.describe(),
+                extra = {"compile_s": runtime.build.get("compile_s")} if fmt == "aoti" else {}
+                rows.append({"name": f"{fmt} predict()", "device": dev, "runtime": runtime.describe(), **extra,
                              **timed(run, args.runs, args.warmup)})
                 if dev == "cpu":
                     rows.append({"name": f"{fmt} bare runtime forward", "device": dev, "runtime": runtime.describe(),
@@ -118,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d"), "model": args.model, "imgsz": args.imgsz, "batch": 1,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "onnxruntime": package_version("onnxruntime"), "executorch": package_version("executorch")},
+                     "onnxruntime": package_version("onnxruntime"), "executorch": package_version("executorch"),
+                     "gcc": _gcc_version()},
         "cpu": cpu_name(), "cpu_threads": torch.get_num_threads(),
+        # OpenMP spin-waiting (torch eager and AOTInductor CPU kernels) collapses on a shared machine:
+        # record how it was set (ONNX Runtime's spinning is turned off by our loader)
+        "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
+        "load_average": os.getloadavg(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "rows": rows,
     }

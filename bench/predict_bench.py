@@ -1,6 +1,7 @@
 """Time predict() (pre / inference / post) of YOLOv9 at batch 1, eager, on CPU and CUDA.
 
-    python bench/predict_bench.py [--device cpu|cuda] [--size t] [--imgsz 640] [--n 50] [--json PATH] [--peer]
+    python bench/predict_bench.py [--device cpu|cuda] [--size t] [--imgsz 640] [--n 50] [--weights CKPT]
+                                  [--json PATH] [--peer]
 
 --peer also times the reference library (libreyolo 1.6.0, unpacked under .peer/) in a
 subprocess on the same image and device, and reports ratios (reference / ours).
@@ -46,14 +47,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_ours(device: str, size: str, imgsz: int, n: int, graph: bool = False) -> dict:
+def bench_ours(device: str, size: str, imgsz: int, n: int, graph: bool = False, weights: str | None = None) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
     from libreyolo import LibreYOLO
 
     img = (np.random.RandomState(0).rand(480, 640, 3) * 255).astype(np.uint8)
-    model = LibreYOLO(f"LibreYOLO9{size}.yaml", device=device)
+    model = LibreYOLO(weights or f"LibreYOLO9{size}.yaml", device=device)
     for _ in range(10):
         model(img, conf=0.25, imgsz=imgsz, cuda_graph=graph)
     _sync(device)
@@ -86,6 +87,8 @@ def main() -> None:
     ap.add_argument("--size", default="t")
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--weights", default=None,
+                    help="checkpoint for our side (e.g. ../shared/bench/dense-yolo9t.pt); default: untrained --size")
     ap.add_argument("--json", default=None)
     ap.add_argument("--peer", action="store_true")
     ap.add_argument("--cuda-graph", action="store_true", help="predict(cuda_graph=True), both libraries")
@@ -96,7 +99,8 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device.startswith("cuda") else (platform.processor() or platform.machine())
     row = {"device": device, "device_name": name, "size": args.size, "imgsz": args.imgsz, "batch": 1,
            "cuda_graph": args.cuda_graph,
-           "ours": bench_ours(device, args.size, args.imgsz, args.n, args.cuda_graph)}
+           "weights": args.weights,
+           "ours": bench_ours(device, args.size, args.imgsz, args.n, args.cuda_graph, args.weights)}
     if args.peer:
         row["reference"] = bench_peer(device, args.size, args.n, args.cuda_graph)
         if "predict_ms" in row["reference"]:

@@ -9,7 +9,7 @@ from typing import Any
 from libreyolo._version import __version__
 from libreyolo.assets import SAMPLE_IMAGE
 
-__all__ = ["SAMPLE_IMAGE", "LibreYOLO", "__version__"]
+__all__ = ["SAMPLE_IMAGE", "LibreYOLO", "__version__", "set_fused_attention"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +17,10 @@ def __getattr__(name: str) -> Any:
         from libreyolo.api import LibreYOLO
 
         return LibreYOLO
+    if name == "set_fused_attention":  # switch the fused_attn flag of every attention module
+        from libreyolo.kernels.attention import set_fused_attention
+
+        return set_fused_attention
     if name in ("Results", "Boxes", "Probs"):
         from libreyolo import results
 

@@ -7,26 +7,31 @@ from typing import Any
 import torch
 
 from libreyolo.checkpoint import default_names, hub_download, read_checkpoint
-from libreyolo.errors import CheckpointError
+from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.models.registry import family_from_filename, get_family
+from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str, parse_bool, resolve_device
 
 # artifact suffix -> runtime module under libreyolo.runtimes (filled by the export layer)
-ARTIFACT_SUFFIXES = {".onnx": "onnx", ".pte": "executorch", ".mlpackage": "coreml", ".engine": "tensorrt"}
+ARTIFACT_SUFFIXES = {".onnx": "onnx", ".pte": "executorch", ".mlpackage": "coreml", ".engine": "tensorrt",
+                     ".pt2": "aoti"}
 
 
-def _from_yaml(path: Path, nc: int | None, names: Any, device: Any):
+def _from_yaml(path: Path, nc: Any, names: Any, device: Any):
     from libreyolo.engine.model import Model
 
     spec: dict[str, Any] = {}
     if path.is_file():
         import yaml
 
-        spec = yaml.safe_load(path.read_text()) or {}
+        try:
+            spec = yaml.safe_load(path.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{path} is not a readable YAML file ({type(exc).__name__})") from None
         if not isinstance(spec, dict):
             raise CheckpointError(f"{path}: expected a mapping with family/size/nc, got {type(spec).__name__}")
     if "family" in spec:
-        family = get_family(str(spec["family"]))
-        size = str(spec.get("size", family.default_size))
+        family = get_family(check_str(spec["family"], "family", str(path), CheckpointError))
+        size = spec.get("size", family.default_size)
     else:
         found = family_from_filename(path.stem)
         if found is None:
@@ -35,16 +40,23 @@ def _from_yaml(path: Path, nc: int | None, names: Any, device: Any):
                 "or a YAML file with 'family' and 'size'"
             )
         family, size = found
-    if size not in family.sizes:
+    if not isinstance(size, str) or size not in family.sizes:
         raise CheckpointError(f"{path}: unknown {family.name} size {size!r}; known: {', '.join(family.sizes)}")
-    if names is None:
-        names = spec.get("names")
-    nc = int(nc if nc is not None else spec.get("nc", len(names) if names else 80))
-    names = dict(enumerate(names)) if isinstance(names, (list, tuple)) else names
-    names = {int(k): str(v) for k, v in (names or default_names(nc)).items()}
-    if len(names) != nc:
-        raise CheckpointError(f"names has {len(names)} entries but nc is {nc}")
-    imgsz = int(spec.get("imgsz", family.default_imgsz))
+    # call arguments override the file; each is checked as coming from where it came from
+    nc_where, nc_err = ("LibreYOLO()", ArgumentError) if nc is not None else (str(path), CheckpointError)
+    names_where, names_err = ("LibreYOLO()", ArgumentError) if names is not None else (str(path), CheckpointError)
+    nc = spec.get("nc") if nc is None else nc
+    names = spec.get("names") if names is None else names
+    if nc is not None:
+        nc = check_nc(nc, nc_where, nc_err)
+    elif names is not None:
+        nc = check_nc(len(names) if isinstance(names, (dict, list, tuple)) else names, names_where, names_err)
+    else:
+        nc = 80
+    names = default_names(nc) if names is None else check_names(names, nc, names_where, names_err)
+    imgsz = spec.get("imgsz")
+    imgsz = family.default_imgsz_for(size) if imgsz is None else check_imgsz(imgsz, family.stride, str(path),
+                                                                            CheckpointError)
     return Model(family, size, nc=nc, names=names, imgsz=imgsz, device=device)
 
 
@@ -54,6 +66,7 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
     nc: int | None = None,
     names: dict[int, str] | list[str] | None = None,
     device: str | torch.device | None = None,
+    verify: bool = True,
     **runtime_kwargs: Any,
 ):
     """Load a model.
@@ -62,21 +75,30 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
       A name that is not a local file is downloaded from the Hugging Face Hub
       (``LibreYOLO/<stem>``, needs ``pip install 'libreyolo[hub]'``).
     - ``"LibreYOLO9t.yaml"``: the untrained architecture (``nc``/``names`` set the classes).
-    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine"``: an exported artifact through its runtime.
+    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2"``: an exported artifact through its runtime.
+
+    ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (anything else is an error).
+    ``verify`` (default True): refuse checkpoints whose weights hold NaN/Inf, and artifacts whose
+    bytes or metadata no longer match the hashes recorded at export. ``verify=False`` loads them
+    anyway (for inspection of a file you trust); metadata is still checked for consistency.
     """
     from libreyolo.engine.model import Model
 
+    if not isinstance(model, (str, Path)):
+        raise ArgumentError(f"model must be a path or a name such as 'LibreYOLO9t.pt', got {type(model).__name__}")
+    verify = parse_bool("verify", verify)
+    dev = resolve_device(device)
     path = Path(model)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
-        return _from_yaml(path, nc, names, device)
+        return _from_yaml(path, nc, names, dev)
     if suffix in ARTIFACT_SUFFIXES:
         import importlib
 
         if not path.exists():
             raise CheckpointError(f"artifact not found: {path}")
         runtime = importlib.import_module(f"libreyolo.runtimes.{ARTIFACT_SUFFIXES[suffix]}")
-        return runtime.load(path, device=device, **runtime_kwargs)
+        return runtime.load(path, device=dev, verify=verify, **runtime_kwargs)
     if runtime_kwargs:
         raise TypeError(f"unexpected arguments for an eager model: {sorted(runtime_kwargs)}")
     if not path.exists():
@@ -85,10 +107,10 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
         if not looks_like_hub_name:
             raise CheckpointError(f"model file not found: {path}")
         path = hub_download(stem)
-    ckpt = read_checkpoint(path)
     if nc is not None or names is not None:
         raise CheckpointError(
             "nc/names apply when building an architecture (LibreYOLO('LibreYOLO9t.yaml', nc=...)); "
             "a checkpoint carries its own classes"
         )
-    return Model.from_checkpoint(ckpt, device=device)
+    ckpt = read_checkpoint(path, verify=verify)
+    return Model.from_checkpoint(ckpt, device=dev)

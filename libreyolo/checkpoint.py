@@ -8,6 +8,7 @@ a checkpoint can run code.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from libreyolo._version import __version__
 from libreyolo.errors import CheckpointError
 from libreyolo.models.base import Family
 from libreyolo.models.registry import family_from_filename, get_family
+from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str, nonfinite_keys
+from libreyolo.utils.tempfiles import TempGuard
 
 SCHEMA_VERSION = "1.0"
 HUB_ORG = "LibreYOLO"
@@ -44,19 +47,6 @@ def default_names(nc: int) -> dict[int, str]:
     return {i: f"class{i}" for i in range(nc)}
 
 
-def _normalise_names(names: Any, nc: int | None, where: str) -> dict[int, str]:
-    if names is None:
-        return default_names(nc or 80)
-    if isinstance(names, (list, tuple)):
-        names = dict(enumerate(names))
-    if not isinstance(names, dict):
-        raise CheckpointError(f"{where}: 'names' must be a dict or list of class names, got {type(names).__name__}")
-    try:
-        return {int(k): str(v) for k, v in sorted(names.items(), key=lambda kv: int(kv[0]))}
-    except (TypeError, ValueError):
-        raise CheckpointError(f"{where}: class ids in 'names' must be integers, got {list(names)[:5]}") from None
-
-
 def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -70,9 +60,82 @@ def _torch_load(path: Path) -> Any:
         raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({text})") from None
 
 
-def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a reference-format ``.pt`` (or a bare state dict whose file name says the family)."""
+def check_state(state: dict[Any, Any], where: str, *, finite: bool = True) -> None:
+    """A state dict is ``{str: tensor}``; with ``finite``, no floating tensor holds NaN or Inf."""
+    odd = [f"{k!r} ({type(v).__name__})" for k, v in state.items()
+           if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+    if odd:
+        more = f" (+{len(odd) - 5} more)" if len(odd) > 5 else ""
+        raise CheckpointError(f"{where}: the state dict must map names to tensors; bad entries: "
+                              f"{', '.join(odd[:5])}{more}")
+    if finite:
+        bad, count = nonfinite_keys(state)
+        if bad:
+            more = f" (+{count - len(bad)} more)" if count > len(bad) else ""
+            raise CheckpointError(
+                f"{where}: {count} weight tensor(s) hold NaN or Inf values: {', '.join(bad)}{more}. Such a model "
+                "predicts nothing useful (e.g. training diverged, or the file is damaged); use another checkpoint, "
+                "or pass verify=False to load it anyway for inspection"
+            )
+
+
+def _check_meta(meta: dict[str, Any], state: dict[str, Any], path: Path, by_name: tuple[Family, str] | None
+                ) -> tuple[Family, str, int, dict[int, str], int]:
+    """Every metadata field, checked before anything is built: (family, size, nc, names, imgsz)."""
+    where = str(path)
+    schema = meta.get("schema_version")
+    if schema is not None and str(schema).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise CheckpointError(f"{where}: 'schema_version' is {schema!r}; this LibreYOLO reads schema "
+                              f"{SCHEMA_VERSION.split('.')[0]}.x checkpoints (update libreyolo, or re-save the file)")
+    family_name, size = meta.get("model_family"), meta.get("size")
+    if family_name is None:
+        if by_name is None:
+            raise CheckpointError(
+                f"{path}: cannot tell the model family: the checkpoint has no 'model_family' and the file "
+                "name does not follow LibreYOLO<family><size>.pt (e.g. LibreYOLO9t.pt)"
+            )
+        family_name = by_name[0].name
+    family = get_family(check_str(family_name, "model_family", where, CheckpointError))
+    if size is None and by_name is not None and by_name[0] is family:
+        size = by_name[1]
+    if size is None:
+        raise CheckpointError(f"{path}: the checkpoint does not say which {family.name} size it is ('size' missing)")
+    if not isinstance(size, str) or size not in family.sizes:
+        raise CheckpointError(f"{path}: unknown {family.name} size {size!r}; known sizes: {', '.join(family.sizes)}")
+    task = meta.get("task")
+    if task is not None and task != family.task:
+        raise CheckpointError(f"{where}: 'task' is {task!r}, but family {family.name} is a {family.task!r} model; "
+                              "the file's metadata is inconsistent")
+    nc, names = meta.get("nc"), meta.get("names")
+    head_nc = family.state_nc(state)
+    if nc is not None:
+        nc = check_nc(nc, where, CheckpointError)
+    elif names is not None:
+        nc = check_nc(len(names) if isinstance(names, (dict, list, tuple)) else names, where, CheckpointError)
+    else:
+        nc = head_nc if head_nc is not None else 80
+    if head_nc is not None and head_nc != nc:
+        raise CheckpointError(f"{where}: 'nc' is {nc} but the weights' class head has {head_nc} outputs "
+                              f"({family.nc_key}); the metadata does not describe these weights")
+    names = default_names(nc) if names is None else check_names(names, nc, where, CheckpointError)
+    imgsz = meta.get("imgsz")
+    imgsz = family.default_imgsz_for(size) if imgsz is None else check_imgsz(imgsz, family.stride, where,
+                                                                            CheckpointError)
+    return family, size, nc, names, imgsz
+
+
+def read_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
+    """Read a reference-format ``.pt`` (or a bare state dict whose file name says the family).
+
+    Every metadata field is checked before anything is built (bounds in
+    :mod:`libreyolo.utils.checks`); with ``verify`` (the default) weights holding NaN or Inf
+    are refused too.
+    """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file")
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path} is not a regular file (a device, pipe or socket), so not a checkpoint")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     obj = _torch_load(path)
@@ -84,31 +147,12 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         state, meta = obj, {}
     else:
         raise CheckpointError(
-            f"{path} is not a LibreYOLO checkpoint: no 'model' state dict inside (keys: {sorted(obj)[:8]})"
+            f"{path} is not a LibreYOLO checkpoint: no 'model' state dict inside (keys: {sorted(map(str, obj))[:8]})"
         )
-    family_name, size = meta.get("model_family"), meta.get("size")
-    by_name = family_from_filename(path.stem)
-    if family_name is None:
-        if by_name is None:
-            raise CheckpointError(
-                f"{path}: cannot tell the model family: the checkpoint has no 'model_family' and the file "
-                "name does not follow LibreYOLO<family><size>.pt (e.g. LibreYOLO9t.pt)"
-            )
-        family_name = by_name[0].name
-    family = get_family(str(family_name))
-    if size is None and by_name is not None and by_name[0] is family:
-        size = by_name[1]
-    if size is None:
-        raise CheckpointError(f"{path}: the checkpoint does not say which {family.name} size it is ('size' missing)")
-    size = str(size)
-    if size not in family.sizes:
-        raise CheckpointError(f"{path}: unknown {family.name} size {size!r}; known sizes: {', '.join(family.sizes)}")
-    nc = meta.get("nc")
-    names = _normalise_names(meta.get("names"), nc, str(path))
-    nc = int(nc) if nc is not None else len(names)
-    if len(names) != nc:
-        names = {i: names.get(i, f"class{i}") for i in range(nc)}
-    imgsz = int(meta.get("imgsz") or family.default_imgsz)
+    check_state(state, str(path), finite=False)
+    family, size, nc, names, imgsz = _check_meta(meta, state, path, family_from_filename(path.stem))
+    if verify:
+        check_state(family.finite_check_view(state), str(path))
     return Checkpoint(family, size, nc, names, imgsz, state, meta, str(path))
 
 
@@ -130,22 +174,49 @@ def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: st
     model.load_state_dict(state, strict=True)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux: /proc)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (briefly process-wide)
+    os.umask(mask)
+    return mask
+
+
+def file_mode_for(path: Path) -> int:
+    """Permissions for a file written at ``path``: an existing file's own, else those a plain
+    ``open()`` would give (0o666 minus the umask). Temporary files start at 0o600."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def atomic_write(path: str | Path, write) -> Path:
-    """Call ``write(tmp_path)`` then rename onto ``path``; nothing is left at ``path`` on failure."""
+    """Call ``write(tmp_path)`` then rename onto ``path``; nothing is left at ``path`` on failure.
+    The file gets ordinary permissions (see :func:`file_mode_for`), not the temporary's 0o600."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise CheckpointError(f"cannot write {path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise CheckpointError(f"cannot write {path}: the folder {parent} is not writable")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with TempGuard() as guard:  # SIGTERM/SIGHUP during the write remove the temporary too
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        guard.add(tmp)
+        os.close(fd)
+        try:
+            write(Path(tmp))
+            os.chmod(tmp, file_mode_for(path))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
 
 
@@ -168,19 +239,66 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, *, family: Family,
     return atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
+HUB_TIMEOUT = 5.0  # seconds to wait for the Hub before saying it cannot be reached
+
+
+def _hub_timeout() -> float:
+    """``HF_HUB_ETAG_TIMEOUT`` when the user set it, else :data:`HUB_TIMEOUT`."""
+    try:
+        return float(os.environ["HF_HUB_ETAG_TIMEOUT"])
+    except (KeyError, ValueError):
+        return HUB_TIMEOUT
+
+
+def _hub_reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
 def hub_download(stem: str) -> Path:
-    """Fetch ``LibreYOLO/<stem>`` / ``<stem>.pt`` from the Hugging Face Hub into its cache."""
+    """Fetch ``LibreYOLO/<stem>`` / ``<stem>.pt`` from the Hugging Face Hub into its cache.
+
+    Fails fast and quietly: with ``HF_HUB_OFFLINE=1`` only the cache is read; a cached file is
+    refreshed with one short request and used as it is when the Hub does not answer; otherwise
+    one request without retries (timeout :data:`HUB_TIMEOUT` s, or ``HF_HUB_ETAG_TIMEOUT``)
+    tells whether the Hub can be reached before anything is downloaded.
+    """
+    import inspect
+
     from libreyolo.errors import require
 
     hub = require("huggingface_hub", "hub", f"downloading {stem}.pt from the Hugging Face Hub")
-    repo = f"{HUB_ORG}/{stem}"
-    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+    repo, filename = f"{HUB_ORG}/{stem}", f"{stem}.pt"
+    timeout = _hub_timeout()
+    elsewhere = (f"download {filename} from https://huggingface.co/{repo} on a machine with internet access and "
+                 f"pass its path, e.g. LibreYOLO('path/to/{filename}')")
+    constants = require("huggingface_hub.constants", "hub", "reading the Hugging Face settings")
+    offline = getattr(constants, "is_offline_mode", lambda: constants.HF_HUB_OFFLINE)()
+    cached = hub.try_to_load_from_cache(repo, filename)
+    if offline:
+        if isinstance(cached, str):
+            return Path(cached)
+        raise CheckpointError(f"{filename} is not a local file, HF_HUB_OFFLINE is set and it is not in the Hugging "
+                              f"Face cache: {elsewhere} (or unset HF_HUB_OFFLINE to download it)")
+    if not isinstance(cached, str):
+        # one quick request, no retries: an unreachable Hub is reported now, not after ~25 s of back-off
+        url = hub.hf_hub_url(repo, filename)
+        kwargs: dict[str, Any] = {"timeout": timeout}
+        if "retry_on_errors" in inspect.signature(hub.get_hf_file_metadata).parameters:
+            kwargs["retry_on_errors"] = False
+        try:
+            hub.get_hf_file_metadata(url, **kwargs)
+        except Exception as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if status in (401, 403, 404) or type(exc).__name__ in ("RepositoryNotFoundError", "EntryNotFoundError",
+                                                                    "RemoteEntryNotFoundError", "GatedRepoError"):
+                raise CheckpointError(f"{filename} is not a local file, and the Hugging Face Hub has no {filename} "
+                                      f"in {repo} (or it is private): check the name (e.g. LibreYOLO9t.pt) or "
+                                      "pass the path of a checkpoint you have") from None
+            raise CheckpointError(f"{filename} is not a local file, and the Hugging Face Hub cannot be reached to "
+                                  f"download it ({_hub_reason(exc)}). If you are offline, {elsewhere}") from None
     try:
-        return Path(hub.hf_hub_download(repo_id=repo, filename=f"{stem}.pt"))
+        return Path(hub.hf_hub_download(repo_id=repo, filename=filename, etag_timeout=timeout))
     except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(
-            f"{stem}.pt is not a local file and could not be downloaded from the Hugging Face Hub "
-            f"(repo {repo}): {reason}. If you are offline, download the file elsewhere and pass its path."
-        ) from None
+        raise CheckpointError(f"{filename} could not be downloaded from the Hugging Face Hub (repo {repo}): "
+                              f"{_hub_reason(exc)}. If you are offline, {elsewhere}") from None

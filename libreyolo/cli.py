@@ -18,12 +18,31 @@ class UsageError(LibreYOLOError):
 
 
 def _bool(v: str) -> bool:
-    low = v.lower()
-    if low in ("1", "true", "yes", "on"):
+    from libreyolo.utils.checks import FALSE_STRINGS, TRUE_STRINGS
+
+    low = v.strip().lower()
+    if low in TRUE_STRINGS:
         return True
-    if low in ("0", "false", "no", "off"):
+    if low in FALSE_STRINGS:
         return False
-    raise UsageError(f"expected true/false, got {v!r}")
+    raise UsageError(f"expected true or false (or 1/0), got {v!r}")
+
+
+def _device(v: str) -> str:
+    from libreyolo.utils.checks import resolve_device
+
+    resolve_device(v)  # cpu, cuda, cuda:N, mps: checked before any model is loaded
+    return v
+
+
+def _imgsz(v: str) -> int:
+    from libreyolo.utils.checks import MAX_IMGSZ
+
+    value = int(v)
+    if not 1 <= value <= MAX_IMGSZ:
+        raise UsageError(f"expected a size from 32 to {MAX_IMGSZ} (a multiple of the model stride, e.g. 640), "
+                         f"got {v!r}")
+    return value
 
 
 def _graph_mode(v: str) -> bool | str:
@@ -51,30 +70,32 @@ PREDICT_OPTS: dict[str, Opt] = {
     "conf": Opt(float, 0.25, "confidence threshold"),
     "iou": Opt(float, 0.45, "NMS IoU threshold"),
     "max_det": Opt(int, 300, "maximum detections per image"),
-    "imgsz": Opt(int, None, "network input size (multiple of 32; default from the model)"),
+    "imgsz": Opt(_imgsz, None, "network input size (multiple of 32; default from the model)"),
     "classes": Opt(_int_list, None, "keep only these class ids, e.g. 0,2"),
-    "device": Opt(str, None, "cpu, cuda, cuda:1 ..."),
+    "device": Opt(_device, None, "cpu, cuda, cuda:N or mps"),
     "half": Opt(_bool, False, "fp16 inference (CUDA)", True),
     "batch": Opt(int, None, "images per forward"),
     "cuda_graph": Opt(_graph_mode, False, "replay the forward from CUDA graphs: true or auto", True),
     "save": Opt(_bool, True, "save annotated images", True),
     "save_dir": Opt(str, "runs/predict", "where annotated images and JSON go"),
-    "json": Opt(_bool, False, "also write detections as JSON next to each image", True),
+    "json": Opt(_bool, False, "also write predictions (detections, top-5 classes) as JSON next to each image", True),
+    "verify": Opt(_bool, True, "refuse artifacts changed since export and checkpoints with NaN/Inf weights", True),
 }
 
 EXPORT_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml)"),
-    "format": Opt(str, "onnx", "onnx, executorch, coreml or tensorrt"),
-    "imgsz": Opt(int, None, "input size (multiple of 32; default from the model)"),
+    "format": Opt(str, "onnx", "onnx, executorch, coreml, tensorrt or aoti (AOTInductor .pt2)"),
+    "imgsz": Opt(_imgsz, None, "input size (multiple of 32; default from the model)"),
     "batch": Opt(int, 1, "batch size of the exported input"),
     "dynamic": Opt(_bool, False, "dynamic batch (and spatial where supported)", True),
     "half": Opt(_bool, False, "fp16 weights and input (CUDA export)", True),
     "opset": Opt(int, None, "ONNX opset"),
     "simplify": Opt(_bool, False, "simplify the ONNX graph (needs libreyolo[onnx-simplify])", True),
     "nms": Opt(_bool, False, "embed NMS in the exported graph", True),
-    "device": Opt(str, None, "device used for export"),
+    "device": Opt(_device, None, "device used for export: cpu, cuda, cuda:N"),
     "output": Opt(str, None, "artifact path"),
     "workspace": Opt(float, None, "TensorRT workspace in GiB"),
+    "autotune": Opt(_bool, False, "aoti on CUDA: Inductor max-autotune (much longer compile)", True),
     "validate": Opt(_bool, True, "validate the artifact against the eager model", True),
     "require_validation": Opt(_bool, False, "fail when the artifact cannot be validated here", True),
 }
@@ -112,8 +133,9 @@ def parse_args(tokens: Sequence[str], opts: dict[str, Opt], command: str) -> dic
         else:
             try:
                 out[key] = opt.type(value)
-            except UsageError as exc:
-                raise UsageError(f"{key}: {exc}") from None
+            except LibreYOLOError as exc:
+                text = str(exc)
+                raise UsageError(text if text.startswith(key) else f"{key}: {text}") from None
             except ValueError:
                 raise UsageError(f"{key}: invalid value {value!r}") from None
         i += 1
@@ -134,32 +156,38 @@ def cmd_predict(args: dict[str, Any]) -> int:
 
     if not args["model"]:
         raise UsageError("predict needs model=<checkpoint|artifact>, e.g. model=LibreYOLO9t.pt")
-    model = LibreYOLO(args["model"], device=args["device"])
+    from tqdm import tqdm
+
+    from libreyolo.checkpoint import atomic_write
+    from libreyolo.results import OutputNames, save_suffix
+
+    save_dir = Path(args["save_dir"])
+    if args["save"] or args["json"]:  # before any work: a bad folder fails fast
+        try:
+            save_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create save_dir {save_dir}: {exc.strerror or exc}") from None
+    model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"])
     source = args["source"] or SAMPLE_IMAGE
     results = model.predict(source, conf=args["conf"], iou=args["iou"], max_det=args["max_det"],
                             imgsz=args["imgsz"], classes=args["classes"], half=args["half"],
-                            device=args["device"], batch=args["batch"], cuda_graph=args["cuda_graph"])
-    results = results if isinstance(results, list) else [results]
-    save_dir = Path(args["save_dir"])
-    if args["save"] or args["json"]:
-        save_dir.mkdir(parents=True, exist_ok=True)
+                            device=args["device"], batch=args["batch"], cuda_graph=args["cuda_graph"], stream=True)
+    names = OutputNames()  # a.jpg and a.png in one folder must not save to the same file
     for r in results:
-        stem = Path(r.path).stem if r.path else "image"
-        line = f"{r.path or 'image'}: {len(r)} detections ({', '.join(f'{k} {v:.1f} ms' for k, v in r.speed.items())})"
+        stem = names.stem(r.path)
+        line = f"{r.path or 'image'}: {r.verbose()} ({', '.join(f'{k} {v:.1f} ms' for k, v in r.speed.items())})"
         if args["save"]:
-            line += f" -> {r.save(save_dir / f'{stem}.jpg')}"
+            line += f" -> {r.save(save_dir / f'{stem}{save_suffix(r.path)}')}"
         if args["json"]:
-            from libreyolo.checkpoint import atomic_write
-
             atomic_write(save_dir / f"{stem}.json", lambda tmp, r=r: tmp.write_text(r.to_json(indent=1)))
-        print(line)
+        tqdm.write(line, file=sys.stdout)  # above the progress bar, if one is shown
     return 0
 
 
 BENCH_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt), architecture (.yaml) or artifact"),
-    "device": Opt(str, None, "cpu, cuda, cuda:1 ... (default: cuda when available)"),
-    "imgsz": Opt(int, None, "network input size (default from the model)"),
+    "device": Opt(_device, None, "cpu, cuda, cuda:N (default: cuda when available)"),
+    "imgsz": Opt(_imgsz, None, "network input size (default from the model)"),
     "batch": Opt(int, 1, "images per predict() call"),
     "n": Opt(int, 50, "timed calls per mode (median reported)"),
     "half": Opt(_bool, False, "fp16 (CUDA)", True),
@@ -199,7 +227,7 @@ def cmd_export(args: dict[str, Any]) -> int:
 
 
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
-    "predict": (cmd_predict, PREDICT_OPTS, "Detect objects in images and save annotated copies."),
+    "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
     "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "Time predict(), eager and with CUDA graphs."),
 }
@@ -225,14 +253,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(t in ("-h", "--help") for t in rest):
         print(_usage(command, opts, summary))
         return 0
+    from libreyolo.utils.log import enable_console
+
+    enable_console()  # library messages (warnings, progress notes) on stderr; results go to stdout
     try:
         return func(parse_args(rest, opts, command))
     except LibreYOLOError as exc:
         print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the file system refused something (disk full, permissions)
+        print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
+        return 1
     except NotImplementedError as exc:
         print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print(f"libreyolo {command}: error: out of memory; try a smaller imgsz or batch", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

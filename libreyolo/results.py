@@ -10,6 +10,41 @@ import torch
 
 from libreyolo.ops.boxes import xyxy_to_xywh
 
+# suffixes an annotated image can be written as (PIL format names)
+SAVE_FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".bmp": "BMP", ".webp": "WEBP",
+                ".tif": "TIFF", ".tiff": "TIFF"}
+
+
+def save_suffix(source: str | Path | None) -> str:
+    """The suffix of an annotated copy: the source's own when it can be written, else ``.jpg``."""
+    suffix = Path(source).suffix.lower() if source else ""
+    return suffix if suffix in SAVE_FORMATS else ".jpg"
+
+
+class OutputNames:
+    """Unique output stems for one run, so that no output overwrites another.
+
+    The first source with a given stem keeps it (``a.jpg`` -> ``a``); a later one with the same
+    stem gets its suffix added (``a.png`` -> ``a_png``), then a number (``a_png_2``). Compared
+    case-insensitively, for file systems that are. Sources without a path are ``image``,
+    ``image_2``, ...
+    """
+
+    def __init__(self) -> None:
+        self._taken: set[str] = set()
+
+    def stem(self, source: str | Path | None) -> str:
+        base = Path(source).stem if source else "image"
+        suffix = Path(source).suffix.lstrip(".").lower() if source else ""
+        candidates = [base] + ([f"{base}_{suffix}"] if suffix else [])
+        name = next((c for c in candidates if c.lower() not in self._taken), None)
+        n = 2
+        while name is None:
+            candidate = f"{candidates[-1]}_{n}"
+            name, n = (candidate if candidate.lower() not in self._taken else None), n + 1
+        self._taken.add(name.lower())
+        return name
+
 
 class Boxes:
     """Detections of one image. Tensors stay on the device they were computed on."""
@@ -50,26 +85,105 @@ class Boxes:
 
 
 class Probs:
-    """Class probabilities of one image (classification tasks)."""
+    """Class probabilities of one image (classification tasks), as Ultralytics users know them.
+
+    ``data`` (nc,) probabilities; ``top1`` / ``top5`` class ids (int / list of int, best first);
+    ``top1conf`` / ``top5conf`` their probabilities (tensors). Ties rank the lower class id first.
+    """
 
     def __init__(self, data: torch.Tensor):
+        if data.ndim != 1:
+            raise ValueError(f"Probs expects one image's (nc,) probabilities, got shape {tuple(data.shape)}")
         self.data = data
+
+    def _top(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # stable sort: equal probabilities keep class-id order, on every device
+        values, indices = torch.sort(self.data, descending=True, stable=True)
+        return values[:k], indices[:k]
 
     @property
     def top1(self) -> int:
-        return int(self.data.argmax())
+        return int(self._top(1)[1][0])
 
     @property
     def top5(self) -> list[int]:
-        return self.data.topk(min(5, self.data.numel())).indices.tolist()
+        return self._top(min(5, self.data.numel()))[1].tolist()
 
     @property
     def top1conf(self) -> torch.Tensor:
-        return self.data.max()
+        return self._top(1)[0][0]
 
     @property
     def top5conf(self) -> torch.Tensor:
-        return self.data.topk(min(5, self.data.numel())).values
+        return self._top(min(5, self.data.numel()))[0]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+    def cpu(self) -> Probs:
+        return Probs(self.data.cpu())
+
+    def numpy(self) -> np.ndarray:
+        return self.data.detach().cpu().numpy()
+
+    def to(self, *args: Any, **kwargs: Any) -> Probs:
+        return Probs(self.data.to(*args, **kwargs))
+
+    def __repr__(self) -> str:
+        return f"Probs(nc={len(self)}, top1={self.top1}, top1conf={float(self.top1conf):.4f})"
+
+
+# --- task -> Results fields: the one table predict() and the export validator go through -----------
+def _detect_fields(pred: dict[str, torch.Tensor], orig_shape: tuple[int, int]) -> dict[str, Any]:
+    return {"boxes": Boxes(pred["xyxy"], pred["conf"], pred["cls"], orig_shape)}
+
+
+def _detect_decoded(r: Results) -> dict[str, torch.Tensor]:
+    return {"xyxy": r.boxes.xyxy, "conf": r.boxes.conf, "cls": r.boxes.cls}
+
+
+def _classify_fields(pred: dict[str, torch.Tensor], orig_shape: tuple[int, int]) -> dict[str, Any]:
+    return {"probs": Probs(pred["probs"])}
+
+
+def _classify_decoded(r: Results) -> dict[str, torch.Tensor]:
+    return {"probs": r.probs.data}
+
+
+# task: (postprocess dict -> Results keyword arguments, Results -> postprocess dict)
+TASK_FIELDS: dict[str, tuple[Any, Any]] = {
+    "detect": (_detect_fields, _detect_decoded),
+    "classify": (_classify_fields, _classify_decoded),
+}
+
+
+def register_task(task: str, fields: Any, decoded: Any) -> None:
+    """Teach :func:`make_results` a new task: ``fields(pred, orig_shape) -> Results kwargs`` and
+    ``decoded(results) -> pred`` (its inverse, used by the export validator)."""
+    TASK_FIELDS[task] = (fields, decoded)
+
+
+def _task_entry(task: str) -> tuple[Any, Any]:
+    try:
+        return TASK_FIELDS[task]
+    except KeyError:
+        raise ValueError(f"no Results fields are defined for task {task!r}; known tasks: "
+                         f"{', '.join(sorted(TASK_FIELDS))} (add one with libreyolo.results.register_task)") from None
+
+
+def make_results(task: str, pred: dict[str, torch.Tensor], *, names: dict[int, str], orig_shape: tuple[int, int],
+                 **common: Any) -> Results:
+    """The :class:`Results` of one image from what the family's postprocess returned for it."""
+    return Results(names=names, orig_shape=orig_shape, **_task_entry(task)[0](pred, orig_shape), **common)
+
+
+def decoded_predictions(task: str, result: Results) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`make_results`: a Results as the postprocess dict it was built from."""
+    return _task_entry(task)[1](result)
 
 
 class Results:
@@ -95,6 +209,16 @@ class Results:
         what = f"{len(self.boxes)} boxes" if self.boxes is not None else "probs"
         return f"Results({what}, orig_shape={self.orig_shape}, path={self.path!r})"
 
+    def verbose(self) -> str:
+        """One line for logs and the CLI: ``3 detections`` or the top-5 classes with probabilities."""
+        parts = []
+        if self.boxes is not None:
+            parts.append(f"{len(self.boxes)} detections")
+        if self.probs is not None:
+            parts.append(", ".join(f"{self.names.get(k, str(k))} {c:.3f}"
+                                   for k, c in zip(self.probs.top5, self.probs.top5conf.tolist(), strict=True)))
+        return "; ".join(parts) if parts else "no predictions"
+
     # --- images --------------------------------------------------------------------------
     def orig_rgb(self) -> np.ndarray:
         """The source image as an HWC uint8 RGB array."""
@@ -106,12 +230,23 @@ class Results:
             if t.is_floating_point():
                 t = (t.clamp(0, 1) * 255).round().to(torch.uint8)
             return t.permute(1, 2, 0).numpy()
-        if self.path is not None:
-            from libreyolo.data.sources import load_sources
+        if self.path is not None:  # a file-backed result (see release_image): read it again
+            from libreyolo.data.sources import read_image_file
+            from libreyolo.errors import ImageError
 
-            return load_sources(self.path)[0].original
+            arr = read_image_file(self.path)
+            if tuple(arr.shape[:2]) != tuple(self.orig_shape):
+                raise ImageError(f"{self.path} changed since predict(): it is now {arr.shape[1]}x{arr.shape[0]}, "
+                                 f"the boxes refer to {self.orig_shape[1]}x{self.orig_shape[0]}")
+            return arr
         h, w = self.orig_shape
         return np.zeros((h, w, 3), np.uint8)
+
+    def release_image(self) -> None:
+        """Forget the source pixels of a result read from a file; :meth:`orig_rgb` reads the file
+        again when needed (``predict()`` does this for lists, so that they stay small)."""
+        if self.path is not None:
+            self._orig_img = None
 
     def plot(self, *, line_width: int | None = None, labels: bool = True, conf: bool = True):
         """Draw the detections on the source image; returns a PIL image (RGB)."""
@@ -125,11 +260,10 @@ class Results:
 
         if filename is None:
             stem = Path(self.path).stem if self.path else "result"
-            filename = f"{stem}_pred.jpg"
+            filename = f"{stem}_pred{save_suffix(self.path)}"
         filename = Path(filename)
         image = self.plot()
-        fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".bmp": "BMP", ".webp": "WEBP"}.get(
-            filename.suffix.lower(), "PNG")
+        fmt = SAVE_FORMATS.get(filename.suffix.lower(), "PNG")
         atomic_write(filename, lambda tmp: image.save(tmp, format=fmt))
         return str(filename)
 

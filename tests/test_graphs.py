@@ -149,12 +149,23 @@ def test_graphed_predict_returns_the_eager_results(model):
 def test_capture_graph_ahead_of_time_serves_the_first_request(model, backend):
     info = model.capture_graph(IMGSZ, batch=2)
     assert info["shape"] == [2, 3, IMGSZ, IMGSZ] and info["dtype"] == "float32" and info["replays"] == 0
+    assert info["program"] == "pipeline" and info["options"] == {"max_det": 300, "max_nms": 30000}
     assert model.capture_graph(IMGSZ, batch=2)["shape"] == info["shape"]  # already there: no recapture
     assert len(backend.captures) == 1
-    model._forward(x_of(IMGSZ, batch=2), cuda_graph=True)
+    model([SAMPLE_IMAGE, SAMPLE_IMAGE], imgsz=IMGSZ, conf=0.4, classes=[0, 5], cuda_graph=True)
     assert len(backend.captures) == 1 and model.graph_info()["graphs"][0]["replays"] == 1
     with pytest.raises(ArgumentError):
         model.capture_graph(IMGSZ, dtype=torch.int8)
+
+
+def test_capture_graph_captures_the_forward_where_the_pipeline_is_not_supported(model, backend, monkeypatch):
+    monkeypatch.setattr(type(model.family), "SUPPORTS_PIPELINE_GRAPH", False)
+    info = model.capture_graph(IMGSZ, batch=2)
+    assert info["program"] == "forward" and "options" not in info
+    model._forward(x_of(IMGSZ, batch=2), cuda_graph=True)
+    assert len(backend.captures) == 1 and model.graph_info()["graphs"][0]["replays"] == 1
+    pipeline = model.graph_info()["pipeline"]
+    assert pipeline["active"] is False and "SUPPORTS_PIPELINE_GRAPH" in pipeline["reason"]
 
 
 # --- graph_info -------------------------------------------------------------------------------
@@ -162,13 +173,15 @@ def test_graph_info_has_the_documented_schema(model):
     model._forward(x_of(IMGSZ), cuda_graph=True)
     info = model.graph_info()
     assert json.loads(json.dumps(info)) == info
-    assert set(info) == {"family", "supported", "schema", "backend", "max_graphs", "auto_capture_at", "graphs",
-                         "captures", "evictions", "invalidations", "last_invalidation", "failures",
+    assert set(info) == {"family", "supported", "pipeline", "schema", "backend", "max_graphs", "auto_capture_at",
+                         "graphs", "captures", "evictions", "invalidations", "last_invalidation", "failures",
                          "eager_fallbacks", "pending"}
-    assert info["schema"] == 1 and info["family"] == "yolo9" and info["captures"] == 1
+    assert info["schema"] == 2 and info["family"] == "yolo9" and info["captures"] == 1
+    assert set(info["pipeline"]) == {"supported", "active", "reason"}
     g = info["graphs"][0]
     assert set(g) == {"shape", "dtype", "device", "autocast", "grad_enabled", "inference_mode", "training",
-                      "replays", "capture_ms", "outputs"}
+                      "program", "replays", "capture_ms", "outputs"}
+    assert g["program"] == "forward"
     assert g["device"] == "cpu" and g["replays"] == 1 and g["outputs"]["predictions"]["dtype"] == "float32"
 
 
@@ -192,7 +205,7 @@ def test_moving_or_replacing_weights_changes_the_fingerprint_and_drops_graphs(mo
     before = runner._watch.fingerprint()
     conv = next(m for m in model.net.modules() if isinstance(m, nn.Conv2d))
     if change == "half":
-        model.half()
+        model.net.half()  # by hand: model.half() keeps the master fp32 (it selects an fp16 inference copy)
     elif change == "float64":
         model.net.to(torch.float64)
     elif change == "load_state_dict_assign":
@@ -203,7 +216,8 @@ def test_moving_or_replacing_weights_changes_the_fingerprint_and_drops_graphs(mo
         name, child = next(iter(model.net.named_children()))
         setattr(model.net, name, copy.deepcopy(child))
     _dropped(model, 0)
-    assert runner._watch.fingerprint() != before
+    # the graphs were captured on an inference copy, retired with it; the next one reads new tensors
+    assert model._graph_runner() is not runner and model._graph_runner()._watch.fingerprint() != before
 
 
 def test_load_weights_drops_graphs_and_the_recapture_uses_the_new_weights(model):
@@ -413,8 +427,10 @@ def test_concurrent_predicts_on_one_model_return_each_callers_result(model):
 def test_parity_harness_passes_an_exact_replay():
     rows = check_family_size("yolo9", "t", device="cpu", imgszs=(IMGSZ, 32), backend=EmulatedGraphBackend())
     results = {r["check"]: r["result"] for r in rows}
-    assert results.pop("fp16") == "skip"
+    assert results.pop("fp16") == "skip" and results.pop("pipeline_fp16") == "skip"
     assert set(results.values()) == {"pass"}, rows
+    assert {c for c in results if c.startswith("pipeline_")} == {
+        "pipeline_probes", "pipeline_thresholds", "pipeline_second_replay", "pipeline_interleaved", "pipeline_batch2"}
 
 
 class _OffByOneUlp(EmulatedGraphBackend):
@@ -429,11 +445,40 @@ def test_parity_harness_catches_a_replay_that_is_off_by_one_ulp():
     assert {"probe_uniform", "probe_image", "second_replay", "interleaved"} <= failed
 
 
+class _BakedThresholds(EmulatedGraphBackend):
+    """Replays a whole-pipeline graph with the thresholds it was captured with (a graph that baked them in)."""
+
+    def capture(self, fn, static_input, pool):
+        graph, out = super().capture(fn, static_input, pool)
+        if isinstance(static_input, tuple):
+            graph.baked = static_input[1].clone()
+        return graph, out
+
+    def replay(self, graph):
+        baked = getattr(graph, "baked", None)
+        if baked is None:
+            return super().replay(graph)
+        current = graph.static_input[1].clone()
+        graph.static_input[1].copy_(baked)
+        try:
+            super().replay(graph)
+        finally:
+            graph.static_input[1].copy_(current)
+
+
+def test_parity_harness_catches_a_pipeline_graph_that_ignores_new_thresholds():
+    rows = check_family_size("yolo9", "t", device="cpu", imgszs=(IMGSZ, 32), backend=_BakedThresholds())
+    result = {r["check"]: r["result"] for r in rows}
+    assert result["probe_uniform"] == "pass"  # the forward graph is fine
+    assert result["pipeline_probes"] == "fail" and result["pipeline_thresholds"] == "fail"
+
+
 def test_parity_tool_writes_json_and_markdown(tmp_path):
-    rc = parity_main(["--emulate", "--sizes", "t", "--imgsz", str(IMGSZ), "32",
+    rc = parity_main(["--emulate", "--family", "yolo9", "--sizes", "t", "--imgsz", str(IMGSZ), "32",
                       "--json", str(tmp_path / "p.json"), "--md", str(tmp_path / "p.md")])
     matrix = json.loads((tmp_path / "p.json").read_text())
     assert rc == 0 and matrix["families"]["yolo9"]["verified"] is True
+    assert matrix["families"]["yolo9"]["pipeline_verified"] is True
     assert {"torch", "cuda", "gpu"} <= set(matrix["environment"])
     assert "| yolo9 | t | detect |" in (tmp_path / "p.md").read_text()
 

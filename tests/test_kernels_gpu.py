@@ -18,7 +18,6 @@ from libreyolo.quant import fake_quant_fp8, fake_quant_int8_affine, fake_quant_i
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -391,9 +391,8 @@ def test_hub_provider_declines_uneven_points_and_discrete_sampling():
         ms_deform_attn(value, shapes, locs, weights, discrete=True)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the device check passes here")
 def test_the_real_hub_provider_requires_cuda():
-    if torch.cuda.is_available():
-        pytest.skip("CUDA present: the device check passes here")
     value, shapes, locs, weights = make_inputs()
     with fake_kernels_package(lambda repo, revision=None: pytest.fail("must not load")):
         assert not hub.HubMsDeformAttn().eligible(value, shapes, locs, weights)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libreyolo.ops.nms import nms
+from libreyolo.ops.nms import greedy_nms, nms
 
 
 def reference_nms(boxes, scores, iou_thres, classes=None, max_det=None):
@@ -96,3 +96,126 @@ def test_presorted_visits_boxes_in_the_given_order():
     order = torch.tensor([1, 0, 2])
     kept = nms(boxes[order], scores[order], 0.5, presorted=True)
     assert order[kept].tolist() == [1, 2]
+
+
+# --- the batched, fixed-shape interface (libreyolo.ops.nms.greedy_nms) --------------------------------
+def _sorted_batch(g, batch, n, *, quantum=None, levels=None, nc=3, size=100.0):
+    """Per image: boxes, scores, classes in visiting order (descending score, ties by lower index)."""
+    out = []
+    for _ in range(batch):
+        boxes = random_boxes(n, g, size=size, quantum=quantum)
+        scores = torch.rand(n, generator=g)
+        if levels:
+            scores = (scores * levels).round() / levels  # many exact ties
+        classes = torch.randint(0, nc, (n,), generator=g)
+        order = sorted(range(n), key=lambda i: (-float(scores[i]), i))
+        out.append((boxes[order], scores[order], classes[order]))
+    return out
+
+
+def _reference_keep(boxes, scores, classes, n_valid, iou_thres, max_det):
+    # the reference sorts by (-score, index): on presorted input that is the identity order
+    return reference_nms(boxes[:n_valid], scores[:n_valid], iou_thres, classes[:n_valid], max_det)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("iou_thres", [0.3, 0.5, 0.7])
+def test_greedy_nms_batched_matches_the_reference_with_ties(seed, iou_thres):
+    g = torch.Generator().manual_seed(100 + seed)
+    n, max_det = 400, 250
+    images = _sorted_batch(g, 3, n, quantum=4.0 if seed % 2 else None, levels=6 if seed < 2 else None, size=60.0)
+    boxes = torch.stack([b for b, _, _ in images])
+    classes = torch.stack([c for _, _, c in images])
+    n_valid = torch.tensor([n, 137, 0])
+    keep, counts = greedy_nms(boxes, classes, n_valid, iou_thres, max_det)
+    assert keep.shape == (3, max_det) and counts.shape == (3,)
+    for i, (b, s, c) in enumerate(images):
+        want = _reference_keep(b, s, c, int(n_valid[i]), iou_thres, max_det)
+        assert counts[i] == len(want)
+        assert keep[i, :len(want)].tolist() == want and bool((keep[i, len(want):] == -1).all())
+
+
+def test_greedy_nms_iou_exactly_at_the_threshold_does_not_suppress():
+    boxes = torch.tensor([[[0.0, 0, 10, 10], [0.0, 0, 10, 20], [0.0, 0, 10, 19]]])  # IoU 0.5, then 10/19 > 0.5
+    keep, counts = greedy_nms(boxes, torch.zeros(1, 3, dtype=torch.long), torch.tensor([3]), 0.5, 10)
+    assert keep[0, :int(counts[0])].tolist() == [0, 1] == reference_nms(boxes[0], torch.tensor([3.0, 2, 1]), 0.5)
+
+
+def test_greedy_nms_long_suppression_chains_across_blocks():
+    # boxes sliding along a line: each overlaps its neighbours, so keep/suppress alternates in long chains
+    n = 700
+    x = torch.arange(n, dtype=torch.float32) * 3.0
+    boxes = torch.stack((x, torch.zeros(n), x + 10, torch.full((n,), 10.0)), 1)
+    scores = torch.linspace(1, 0, n)
+    for thr in (0.3, 0.5, 0.8):
+        keep, counts = greedy_nms(boxes[None], torch.zeros(1, n, dtype=torch.long), torch.tensor([n]), thr, n)
+        assert keep[0, :int(counts[0])].tolist() == reference_nms(boxes, scores, thr)
+
+
+def test_pairwise_iou_is_bitwise_box_iou():
+    from libreyolo.ops.boxes import box_iou
+    from libreyolo.ops.nms import pairwise_iou
+
+    g = torch.Generator().manual_seed(5)
+    for quantum in (None, 2.0):
+        b = random_boxes(300, g, quantum=quantum)
+        b[::9, 2] = b[::9, 0]  # some empty boxes
+        ours, theirs = pairwise_iou(b[None], b[None])[0], box_iou(b, b)
+        assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+
+
+_TRITON_SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from tests.test_nms import _sorted_batch, _reference_keep
+from libreyolo.ops import nms_triton
+from libreyolo.ops.nms import greedy_nms
+g = torch.Generator().manual_seed(7)
+for quantum, levels, thr, max_det in ((None, None, 0.5, 200), (4.0, 5, 0.5, 200), (4.0, 5, 0.3, 9)):
+    images = _sorted_batch(g, 2, 150, quantum=quantum, levels=levels, size=50.0)
+    boxes = torch.stack([b for b, _, _ in images]); classes = torch.stack([c for _, _, c in images])
+    n_valid = torch.tensor([150, 70])
+    keep, counts = nms_triton.greedy_nms(boxes, classes, n_valid, torch.tensor(thr), max_det)
+    ref = greedy_nms(boxes, classes, n_valid, thr, max_det, backend="torch")
+    assert torch.equal(keep, ref[0]) and torch.equal(counts, ref[1]), (quantum, levels, thr)
+    for i, (b, s, c) in enumerate(images):
+        assert keep[i, :int(counts[i])].tolist() == _reference_keep(b, s, c, int(n_valid[i]), thr, max_det)
+print("ok")
+"""
+
+
+def test_triton_kernel_matches_the_reference_in_the_interpreter():
+    """The CUDA kernel's logic, run by Triton's CPU interpreter (skipped where Triton is not installed)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed: its kernel is checked on CUDA by test_triton_kernel_on_cuda_*")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(root)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(3))
+def test_triton_kernel_on_cuda_matches_the_torch_backend_and_the_reference(seed):
+    from libreyolo.ops.nms import nms_backend
+
+    assert nms_backend(torch.device("cuda")) == "triton", "Triton NMS unavailable on this CUDA machine"
+    g = torch.Generator().manual_seed(200 + seed)
+    images = _sorted_batch(g, 4, 2000, quantum=4.0 if seed else None, levels=8 if seed == 2 else None,
+                           nc=2, size=300.0)
+    boxes = torch.stack([b for b, _, _ in images]).cuda()
+    classes = torch.stack([c for _, _, c in images]).cuda()
+    n_valid = torch.tensor([2000, 1500, 3, 0], device="cuda")
+    for thr, max_det in ((0.45, 300), (0.7, 1000), (0.2, 17)):
+        keep, counts = greedy_nms(boxes, classes, n_valid, torch.tensor(thr, device="cuda"), max_det)
+        ref_keep, ref_counts = greedy_nms(boxes, classes, n_valid, thr, max_det, backend="torch")
+        assert torch.equal(keep, ref_keep) and torch.equal(counts, ref_counts)
+        for i, (b, s, c) in enumerate(images[:2]):
+            assert keep[i, :int(counts[i])].tolist() == _reference_keep(b, s, c, int(n_valid[i]), thr, max_det)

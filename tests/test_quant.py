@@ -162,11 +162,9 @@ def test_triton_quant_provider_declines_cpu_tensors_and_imports_without_triton()
     assert not triton_provider.int8_affine_eligible(x, 1.0, 0)
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="Triton provider parity needs CUDA (tests/test_kernels_gpu.py)"
-)
+@pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed")
 def test_triton_quant_provider_is_selected_for_cuda_tensors():
-    pytest.importorskip("triton", reason="Triton not installed")
     x = torch.randn(8, device="cuda")
     assert kernels.selected("fake_quant_fp8", x, 1.0).name == "triton"
 

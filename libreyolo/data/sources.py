@@ -1,14 +1,26 @@
-"""Turn whatever the user passes to ``predict()`` into a list of images.
+"""Turn whatever the user passes to ``predict()`` into images, lazily.
 
 Accepted: a path (file or directory), a list of paths, a PIL image, a numpy array (HWC uint8,
 BGR like OpenCV unless ``color_format="rgb"``; HW grayscale; 16-bit; float in [0, 1]), a torch
 tensor (CHW or NCHW, float in [0, 1] or uint8, RGB), or a list of any of these (one batch).
 Grayscale, RGBA, palette and 16-bit images are converted to 8-bit RGB, never refused.
+
+:func:`open_sources` checks everything it can without decoding (types, shapes, that paths exist
+and are regular files, that a string is not a URL) and returns a :class:`Sources` plan; images
+are decoded only when their batch comes (:meth:`Sources.batches`), so a folder of thousands of
+files costs one batch of pixels at a time. Files are opened without blocking and checked to be
+regular files after opening, so a FIFO or a device is refused instead of hanging. EXIF
+orientation is applied to files and PIL images: boxes refer to the upright image.
 """
 from __future__ import annotations
 
+import logging
+import os
+import re
+import stat
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +30,11 @@ import torch
 from libreyolo.errors import ImageError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif", ".ppm", ".pgm"}
+LOGGER = logging.getLogger("libreyolo")
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+_VIRTUAL_ROOTS = ("/proc", "/sys")  # kernel files: "regular", size 0 or endless, never images
+_EXIF_ORIENTATION = 0x0112
 
 
 @dataclass
@@ -31,6 +48,7 @@ class SourceImage:
     original: Any = None  # an RGB HWC array view for plotting, never copied
     hwc: bool = True
     bgr: bool = False
+    from_file: bool = False  # decoded from ``path``: can be read again instead of kept in memory
 
     def to_device(self, device: torch.device) -> torch.Tensor:
         """CHW RGB on ``device``: upload first (one transfer of the raw bytes), reorder there."""
@@ -45,11 +63,26 @@ class SourceImage:
         return self.to_device(self.pixels.device)
 
 
+# --- decoding ------------------------------------------------------------------------------------
+def _upright(img: Any) -> Any:
+    """The image turned as its EXIF orientation says (a new image), or ``img`` when upright already."""
+    try:
+        orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # unreadable EXIF: the pixels are still fine
+        return img
+    if orientation not in range(2, 9):
+        return img
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(img)
+
+
 def _pil_to_rgb_array(img: Any, where: str) -> np.ndarray:
     from PIL import Image
 
     if img.width == 0 or img.height == 0:
         raise ImageError(f"{where}: the image has zero size ({img.width}x{img.height})")
+    img = _upright(img)
     if img.mode in ("I;16", "I;16B", "I;16L", "I"):
         arr = np.asarray(img, dtype=np.float64)
         peak = 65535.0 if arr.max(initial=0) > 255 else 255.0
@@ -69,38 +102,95 @@ def _as_tensor(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
-def _read_file(path: Path) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+def _not_regular(mode: int) -> str | None:
+    """What a non-regular file is, in words; None for a regular file or a directory."""
+    for test, what in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else "not a regular file"
 
-    if not path.exists():
-        raise ImageError(f"image not found: {path}")
+
+def _stat(path: Path) -> os.stat_result:
+    """``os.stat`` with one-line errors (missing, permission, loops)."""
     try:
-        with Image.open(path) as img:
-            img.load()
-            return _pil_to_rgb_array(img, str(path))
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        if isinstance(exc, ImageError):
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ImageError(f"image not found: {path}") from None
+    except PermissionError:
+        raise ImageError(f"cannot read {path}: permission denied") from None
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _check_file(path: Path, st: os.stat_result) -> None:
+    """Refuse what is not an ordinary image file, before it is opened."""
+    what = _not_regular(st.st_mode)
+    if what is not None:
+        raise ImageError(f"cannot read {path}: it is {what}, not a regular file; pass an image file")
+    real = os.path.realpath(path)
+    root = next((r for r in _VIRTUAL_ROOTS if real == r or real.startswith(r + "/")), None)
+    if root is not None:
+        raise ImageError(f"cannot read {path}: files under {root} are operating-system files, not images")
+    if st.st_size == 0:
+        raise ImageError(f"cannot read image {path}: the file is empty (0 bytes)")
+
+
+def read_image_file(path: str | Path) -> np.ndarray:
+    """Decode one image file to an upright HWC uint8 RGB array, or raise :class:`ImageError`."""
+    from PIL import Image
+
+    path = Path(path)
+    _check_file(path, _stat(path))
+    try:  # non-blocking open: a file swapped for a FIFO after the check still cannot hang us
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        what = _not_regular(os.fstat(f.fileno()).st_mode)
+        if what is not None:
+            raise ImageError(f"cannot read {path}: it is {what}, not a regular file; pass an image file")
+        try:
+            with Image.open(f) as img:
+                img.load()
+                return _pil_to_rgb_array(img, str(path))
+        except ImageError:
             raise
-        raise ImageError(f"cannot read image {path}: the file is corrupt or not an image ({exc})") from None
+        except Image.DecompressionBombError as exc:
+            raise ImageError(
+                f"refusing to decode {path}: {exc} If you trust this file, raise the limit first: "
+                "PIL.Image.MAX_IMAGE_PIXELS = <pixels> (None disables it)"
+            ) from None
+        except Exception as exc:  # PIL raises many types for hostile or truncated files
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ImageError(f"cannot read image {path}: the file is corrupt or not an image ({text})") from None
+
+
+# --- in-memory inputs ----------------------------------------------------------------------------
+def _check_array(arr: np.ndarray, where: str) -> None:
+    shape = arr.shape
+    if arr.ndim not in (2, 3):
+        raise ImageError(f"{where}: expected an HWC image array, got shape {shape}")
+    h, w = shape[:2]
+    c = shape[2] if arr.ndim == 3 else 1
+    if h == 0 or w == 0:
+        raise ImageError(f"{where}: the image has zero size ({w}x{h})")
+    if c not in (1, 3, 4):
+        raise ImageError(f"{where}: expected 1, 3 or 4 channels (HWC), got shape {shape}")
+    if arr.dtype not in (np.uint8, np.uint16) and arr.dtype.kind != "f":
+        raise ImageError(f"{where}: unsupported array dtype {arr.dtype}; use uint8, uint16 or float in [0, 1]")
 
 
 def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> tuple[np.ndarray, bool]:
     """(HWC 3-channel uint8 array, whether it is BGR); no copy for ordinary uint8 input."""
+    _check_array(arr, where)
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    if arr.ndim != 3:
-        raise ImageError(f"{where}: expected an HWC image array, got shape {arr.shape}")
-    h, w, c = arr.shape
-    if h == 0 or w == 0:
-        raise ImageError(f"{where}: the image has zero size ({w}x{h})")
-    if c not in (1, 3, 4):
-        raise ImageError(f"{where}: expected 1, 3 or 4 channels (HWC), got shape {arr.shape}")
+    c = arr.shape[2]
     if arr.dtype == np.uint16:
         arr = (arr.astype(np.float32) / 257.0 + 0.5).astype(np.uint8)
     elif arr.dtype.kind == "f":
         arr = (np.clip(arr, 0, 1) * 255.0 + 0.5).astype(np.uint8)
-    elif arr.dtype != np.uint8:
-        raise ImageError(f"{where}: unsupported array dtype {arr.dtype}; use uint8, uint16 or float in [0, 1]")
     if c == 1:
         return np.repeat(arr, 3, axis=2), False
     if c == 4:
@@ -109,62 +199,152 @@ def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> tuple[np.nd
 
 
 def _tensor_images(t: torch.Tensor, where: str) -> list[torch.Tensor]:
+    """The images of a CHW/NCHW tensor as views, after checking shape and dtype (no conversion)."""
     if t.ndim == 3:
         t = t.unsqueeze(0)
     if t.ndim != 4 or t.shape[1] not in (1, 3):
         raise ImageError(f"{where}: expected a CHW or NCHW tensor with 1 or 3 channels, got shape {tuple(t.shape)}")
     if t.shape[-1] == 0 or t.shape[-2] == 0:
         raise ImageError(f"{where}: the image has zero size {tuple(t.shape)}")
-    if t.is_floating_point():
-        t = t.clamp(0, 1)
-    elif t.dtype != torch.uint8:
+    if not t.is_floating_point() and t.dtype != torch.uint8:
         raise ImageError(f"{where}: tensor dtype {t.dtype} unsupported; use uint8 or float in [0, 1]")
-    if t.shape[1] == 1:
-        t = t.expand(-1, 3, -1, -1)
     return list(t.unbind(0))
 
 
-def _expand_paths(item: str | Path) -> list[Path]:
-    p = Path(item)
-    if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise ImageError(f"no images found in directory {p} (looked for {sorted(IMAGE_SUFFIXES)})")
-        return files
-    if not p.exists():
-        raise ImageError(f"image not found: {p}")
-    return [p]
+def _tensor_source(t: torch.Tensor) -> SourceImage:
+    if t.is_floating_point():
+        t = t.clamp(0, 1)
+    if t.shape[0] == 1:
+        t = t.expand(3, -1, -1)
+    return SourceImage(t, None, None, hwc=False)
 
 
-def load_sources(source: Any, color_format: str = "bgr") -> list[SourceImage]:
-    """Normalise ``source`` to a list of :class:`SourceImage` (CHW RGB tensors)."""
+def _array_source(item: np.ndarray, color_format: str, where: str) -> SourceImage:
+    arr, bgr = _array_to_rgb(item, color_format, where)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return SourceImage(_as_tensor(arr), None, arr[:, :, ::-1] if bgr else arr, bgr=bgr)
+
+
+def _pil_source(item: Any, where: str) -> SourceImage:
+    arr = _pil_to_rgb_array(item, where)
+    return SourceImage(_as_tensor(arr), getattr(item, "filename", None) or None, arr)
+
+
+def _file_source(path: Path) -> SourceImage:
+    arr = read_image_file(path)
+    return SourceImage(_as_tensor(arr), str(path), arr, from_file=True)
+
+
+# --- paths ---------------------------------------------------------------------------------------
+def _expand_path(item: str | Path) -> tuple[list[Path], bool]:
+    """(files, whether ``item`` was a directory). Files are checked when they are decoded."""
+    text = os.fspath(item)
+    if _URL.match(text) and not os.path.exists(text):
+        raise ImageError(f"{text!r} looks like a URL: predict() does not fetch URLs; download the file first "
+                         "(e.g. curl -LO <url>) and pass its local path")
+    p = Path(text)
+    st = _stat(p)
+    if not stat.S_ISDIR(st.st_mode):
+        _check_file(p, st)
+        return [p], False
+    try:
+        with os.scandir(p) as entries:
+            files = sorted(Path(e.path) for e in entries if Path(e.name).suffix.lower() in IMAGE_SUFFIXES)
+    except PermissionError:
+        raise ImageError(f"cannot list directory {p}: permission denied") from None
+    except OSError as exc:
+        raise ImageError(f"cannot list directory {p}: {exc.strerror or exc}") from None
+    if not files:
+        raise ImageError(f"no images found in directory {p} (looked for {sorted(IMAGE_SUFFIXES)})")
+    return files, True
+
+
+# --- the plan ------------------------------------------------------------------------------------
+@dataclass
+class _Pending:
+    """One image to be loaded when its batch comes."""
+
+    load: Callable[[], SourceImage]
+    path: Path | None = None  # set for files: the only inputs that can be unreadable at load time
+
+
+@dataclass
+class Sources:
+    """What ``predict()`` runs over: checked, not yet decoded.
+
+    ``single``: the user passed one image (not a list, directory or batched tensor), so
+    ``predict()`` returns one ``Results``. ``skipped``: (path, reason) of files that could not be
+    decoded and were skipped by :meth:`batches`.
+    """
+
+    pending: list[_Pending]
+    single: bool
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    @property
+    def files(self) -> int:
+        return sum(p.path is not None for p in self.pending)
+
+    def batches(self, size: int, *, skip_unreadable: bool) -> Iterator[list[SourceImage]]:
+        """Lists of at most ``size`` decoded images, in order. With ``skip_unreadable`` a file that
+        cannot be decoded is logged, recorded in :attr:`skipped` and left out; else it raises."""
+        chunk: list[SourceImage] = []
+        for item in self.pending:
+            try:
+                chunk.append(item.load())
+            except ImageError as exc:
+                if not skip_unreadable or item.path is None:
+                    raise
+                self.skipped.append((str(item.path), str(exc)))
+                LOGGER.warning("skipping %s", exc)
+                continue
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+
+def open_sources(source: Any, color_format: str = "bgr") -> Sources:
+    """Check ``source`` and plan its images without decoding them (see the module docstring)."""
     if color_format not in ("bgr", "rgb"):
         raise ImageError(f"color_format must be 'bgr' or 'rgb', got {color_format!r}")
     if source is None:
         raise ImageError("no source given: pass an image path, directory, array, PIL image or tensor")
-    items = list(source) if isinstance(source, (list, tuple)) else [source]
+    is_list = isinstance(source, (list, tuple))
+    items = list(source) if is_list else [source]
     if not items:
         raise ImageError("the source list is empty")
-    out: list[SourceImage] = []
+    pending: list[_Pending] = []
+    multi = is_list
     for n, item in enumerate(items):
         where = f"source[{n}]" if len(items) > 1 else "source"
         if isinstance(item, (str, Path)):
-            for path in _expand_paths(item):
-                arr = _read_file(path)
-                out.append(SourceImage(_as_tensor(arr), str(path), arr))
+            files, was_dir = _expand_path(item)
+            multi = multi or was_dir
+            pending.extend(_Pending(lambda p=p: _file_source(p), p) for p in files)
         elif isinstance(item, np.ndarray):
-            arr, bgr = _array_to_rgb(item, color_format, where)
-            if not arr.flags.c_contiguous:
-                arr = np.ascontiguousarray(arr)
-            out.append(SourceImage(_as_tensor(arr), None, arr[:, :, ::-1] if bgr else arr, bgr=bgr))
+            _check_array(item, where)
+            pending.append(_Pending(lambda a=item, w=where: _array_source(a, color_format, w)))
         elif isinstance(item, torch.Tensor):
-            out.extend(SourceImage(t, None, None, hwc=False) for t in _tensor_images(item, where))
+            pending.extend(_Pending(lambda t=t: _tensor_source(t)) for t in _tensor_images(item, where))
         elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image, imported lazily
-            arr = _pil_to_rgb_array(item, where)
-            out.append(SourceImage(_as_tensor(arr), getattr(item, "filename", None) or None, arr))
+            if item.width == 0 or item.height == 0:
+                raise ImageError(f"{where}: the image has zero size ({item.width}x{item.height})")
+            pending.append(_Pending(lambda i=item, w=where: _pil_source(i, w)))
         else:
             raise ImageError(
                 f"{where}: unsupported input type {type(item).__name__}; pass a path, directory, "
                 "numpy array, PIL image, torch tensor or a list of those"
             )
-    return out
+    return Sources(pending, single=not multi and len(pending) == 1)
+
+
+def load_sources(source: Any, color_format: str = "bgr") -> list[SourceImage]:
+    """Every image of ``source`` decoded now (raises on the first unreadable file)."""
+    plan = open_sources(source, color_format)
+    return [img for chunk in plan.batches(max(1, len(plan)), skip_unreadable=False) for img in chunk]

@@ -9,11 +9,14 @@ import torch
 from torch import nn
 
 from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
+from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
 from libreyolo.engine.predictor import Predictor
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
+from libreyolo.utils.log import LOGGER
 
-_GRAPH_SETUP_LOCK = threading.Lock()  # makes a model's graph runner exactly once
+_SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
+_GRAPHS = "graphs"  # the name a copy's GraphRunner is attached under (docs/inference.md)
 
 
 class Model(Predictor):
@@ -28,11 +31,19 @@ class Model(Predictor):
         self.names = dict(names)
         self.imgsz = imgsz
         self.source = source
-        self.net: nn.Module = family.build(size, nc)
+        # untrained builds are the same on every machine and run (the demo and tests rely on it);
+        # the caller's RNG state is left untouched
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.net: nn.Module = family.build(size, nc)
         if state_dict is not None:
             load_state(self.net, state_dict, source or f"{family.name}-{size} weights")
         self.net.eval()
-        self._half = False
+        self._half = False  # the default precision of predict() and capture_graph(); the master stays fp32
+        self._max_graphs: int | None = None
+        self._inference_opts: dict[str, Any] = {"fold_bn": True, "channels_last": "auto"}
+        self._graph_totals: dict[str, Any] = {"captures": 0, "evictions": 0, "invalidations": 0,
+                                              "last_invalidation": None}
         if device is not None:
             self.to(device)
 
@@ -44,6 +55,7 @@ class Model(Predictor):
     # --- device and precision ----------------------------------------------------------------
     @property
     def device(self) -> torch.device:
+        """Where the master weights live: predict() runs here unless given ``device=``."""
         p = next(self.net.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
 
@@ -52,37 +64,140 @@ class Model(Predictor):
         return self.family.task
 
     def to(self, device: str | torch.device) -> Model:
-        device = torch.device(device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ArgumentError(f"device {str(device)!r} requested but CUDA is not available on this machine")
-        self.net.to(device)
+        from libreyolo.utils.checks import resolve_device
+
+        if device is None:
+            raise ArgumentError("to() needs a device: cpu, cuda, cuda:N or mps")
+        device = resolve_device(device)  # refuses 'meta' (it would drop the weights) and unusable devices
+        copies = self._copies()
+        with copies.mutating():  # no copy is built from a half-moved master
+            before = self.device
+            self.net.to(device)
+            if self.device != before:
+                copies.invalidate(f"parameters or buffers moved (model.to({str(device)!r}))")
         return self
 
     def half(self) -> Model:
-        self.net.half()
+        """Make float16 the default precision of ``predict()`` and ``capture_graph()`` (CUDA).
+
+        The master weights are not converted: calls run on a float16 inference copy, and
+        :meth:`float` goes back to float32 with the weights exactly as they were.
+        """
         self._half = True
         return self
 
     def float(self) -> Model:
-        self.net.float()
+        """Make float32 the default precision again (and the master float32, if it was changed by hand)."""
         self._half = False
+        if any(t.is_floating_point() and t.dtype != torch.float32
+               for t in list(self.net.parameters()) + list(self.net.buffers())):
+            copies = self._copies()
+            with copies.mutating():
+                self.net.float()
+                copies.invalidate("parameters or buffers moved (master converted to float32)")
         return self
 
-    def _prepare(self, device: torch.device | None, half: bool) -> None:
-        current = self.device
-        if device is not None and (device.type != current.type or
-                                   (device.index is not None and device.index != current.index)):
-            self.to(device)
-        if half and self.device.type == "cpu":
-            raise ArgumentError("half=True needs a CUDA device; on the CPU run in float32 (half=False)")
-        if half != self._half:
-            self.half() if half else self.float()
+    def _call_settings(self, device: torch.device | None, half: bool | None) -> tuple[torch.device, bool]:
+        """The device and precision one predict() runs with; the model itself is left as it is."""
+        run = self.device if device is None else device
+        half = self._half if half is None else bool(half)
+        if half and run.type == "cpu":
+            raise ArgumentError("half=True (or model.half()) needs a CUDA device; on the CPU run in float32 "
+                                "(half=False, or model.float())")
+        return run, half
+
+    def _prepare(self, device: torch.device | None, half: bool | None) -> None:
+        self._call_settings(device, half)
+
+    # --- inference copies (docs/inference.md) ----------------------------------------------
+    def _copies(self) -> InferenceCopies:
+        """The inference-copy cache of the current master network (made anew if ``net`` is replaced)."""
+        copies = self.__dict__.get("_inference")
+        if copies is None or copies.master is not self.net:
+            with _SETUP_LOCK:
+                copies = self.__dict__.get("_inference")
+                if copies is None or copies.master is not self.net:
+                    if copies is not None:
+                        self._note_retired("the network module was replaced", copies.live())
+                        copies.release()
+                    copies = InferenceCopies(self.net, on_retire=self._note_retired, **self._inference_opts)
+                    self._inference = copies
+        return copies
+
+    def inference_copy(self, device: str | torch.device | None = None,
+                       dtype: torch.dtype | None = None) -> InferenceCopy:
+        """The current inference copy for ``device`` (default: the model's) and ``dtype`` (default:
+        the model's precision), built from the master weights if needed.
+
+        This is the hook for code that runs or captures the network for inference (CUDA graphs,
+        a whole-pipeline graph): run ``copy.module``, and attach anything derived from it with
+        ``copy.attached(name, factory)`` so that it is released when the copy is retired
+        (whenever the master's weights change).
+        """
+        device = self.device if device is None else torch.device(device)
+        dtype = self._default_dtype() if dtype is None else dtype
+        return self._copies().get(device, dtype)
+
+    def inference_module(self, device: str | torch.device | None = None,
+                         dtype: torch.dtype | None = None) -> nn.Module:
+        """The module predict() runs for ``device``/``dtype`` (see :meth:`inference_copy`). Read-only."""
+        return self.inference_copy(device, dtype).module
+
+    def inference_options(self, *, fold_bn: bool | None = None,
+                          channels_last: bool | str | None = None) -> dict[str, Any]:
+        """Set how inference copies are derived; returns the current options.
+
+        ``fold_bn`` (default True): fold each Conv-BN pair into one convolution (changes float
+        rounding: see docs/inference.md for the measured numerics); False runs the master's exact
+        arithmetic. ``channels_last`` (default "auto": float16 on CUDA only): the memory format.
+        Changing an option retires the current copies (and their CUDA graphs).
+        """
+        if fold_bn is not None and not isinstance(fold_bn, bool):
+            raise ArgumentError(f"fold_bn must be True or False, got {fold_bn!r}")
+        if channels_last is not None and channels_last not in CHANNELS_LAST_CHOICES:
+            raise ArgumentError(f"channels_last must be True, False or 'auto', got {channels_last!r}")
+        if fold_bn is not None:
+            self._inference_opts["fold_bn"] = fold_bn
+        if channels_last is not None:
+            self._inference_opts["channels_last"] = channels_last
+        self._copies().set_options(fold_bn=fold_bn, channels_last=channels_last)
+        return dict(self._inference_opts)
+
+    def inference_info(self) -> dict[str, Any]:
+        """The options, the live inference copies (key, folded pairs, graphs) and how many were built."""
+        copies = self._copies()
+        live = []
+        for c in copies.live():
+            runner = c.attachment(_GRAPHS)
+            live.append({**c.describe(), "graphs": 0 if runner is None else len(runner.info()["graphs"])})
+        return {"options": dict(self._inference_opts), "default_dtype": str(self._default_dtype()).replace(
+            "torch.", ""), "copies": live, "builds": copies.builds}
+
+    def _default_dtype(self) -> torch.dtype:
+        return torch.float16 if self._half else torch.float32
+
+    def _note_retired(self, reason: str, retired: list[InferenceCopy]) -> None:
+        """Copies were dropped: their graphs go with them; keep the graph counters cumulative."""
+        had_graphs = False
+        for c in retired:
+            runner = c.attachment(_GRAPHS)
+            if runner is None:
+                continue
+            info = runner.info()
+            had_graphs |= bool(info["graphs"] or info["failures"] or info["pending"])
+            for k in ("captures", "evictions", "invalidations"):
+                self._graph_totals[k] += info[k]
+        if had_graphs:
+            self._graph_totals["invalidations"] += 1
+            self._graph_totals["last_invalidation"] = reason
 
     # --- forward and CUDA graphs (docs/graphs.md) ------------------------------------------
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
+        """The family's named outputs for ``batch``, from the inference copy for its device and dtype."""
         if not cuda_graph:
+            module = self._copies().get(batch.device, batch.dtype).module
             with torch.inference_mode():
-                return self.family.named_outputs(self.net(batch))
+                return self.family.named_outputs(module(batch))
         self._require_graph_support()
         return self._graph_forward(batch, cuda_graph)
 
@@ -98,78 +213,179 @@ class Model(Predictor):
 
     def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
         """Graph replay without the family check (the parity harness uses it to verify a family)."""
+        runner = self._graph_runner(self._copies().get(batch.device, batch.dtype))
         with torch.inference_mode():
-            return self._graph_runner()(batch, mode)
+            return runner(batch, mode)
 
-    def _graph_runner(self):
-        """This model's :class:`~libreyolo.graphs.GraphRunner`, made on first use (and anew if ``net`` is replaced)."""
-        runner = self.__dict__.get("_graphs")
-        if runner is None or runner.module is not self.net:
-            with _GRAPH_SETUP_LOCK:
-                runner = self.__dict__.get("_graphs")
-                if runner is None or runner.module is not self.net:
-                    from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
+    # --- the whole-pipeline graph: forward + decoding + candidates + NMS (docs/graphs.md) ----------
+    def _infer(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str, **post: Any) -> list:
+        """With ``cuda_graph`` and a family verified for it, one graph replay from the batch to padded
+        detections, read back once; otherwise the forward (graphed or not) and eager postprocessing."""
+        if cuda_graph and self.pipeline_unavailable(batch.device) is None:
+            from libreyolo.graphs import GraphCaptureError
 
-                    net, family = self.net, self.family
+            self._require_graph_support()
+            try:
+                padded = self._pipeline_forward(batch, metas, cuda_graph, **post)
+            except GraphCaptureError as exc:  # recorded in graph_info()["failures"]; the forward graph still serves
+                LOGGER.warning("whole-pipeline CUDA graph unavailable for this input (%s); graphing the network "
+                               "forward only", exc)
+            else:
+                clock.mark()
+                return self.family.device_postprocess().read(padded)
+        return super()._infer(batch, metas, clock, cuda_graph=cuda_graph, **post)
 
-                    def network(x: torch.Tensor) -> dict[str, torch.Tensor]:
-                        return family.named_outputs(net(x))
+    def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
+        """None if ``predict(cuda_graph=...)`` on ``device`` runs the whole pipeline as one graph, else why
+        it graphs the network forward only (``graph_info()["pipeline"]`` reports the same)."""
+        family = self.family
+        if not family.SUPPORTS_PIPELINE_GRAPH or family.device_postprocess() is None:
+            return (f"family {family.name!r} has not passed the whole-pipeline parity check "
+                    "(SUPPORTS_PIPELINE_GRAPH is False): its network forward is graphed, postprocessing runs eagerly")
+        from libreyolo.graphs import CudaGraphBackend
 
-                    max_graphs = runner.max_graphs if runner is not None else DEFAULT_MAX_GRAPHS
-                    runner = GraphRunner(net, network, backend=self.__dict__.get("_graph_backend"),
-                                         max_graphs=max_graphs)
-                    self._graphs = runner
-        return runner
+        backend = self.__dict__.get("_graph_backend") or CudaGraphBackend()
+        if not getattr(backend, "real", True):
+            return None  # an emulated backend replays by calling: any postprocessing is fine there
+        why = family.device_postprocess().capture_safe(self.device if device is None else device)
+        return None if why is None else f"{why}; the network forward is graphed, postprocessing runs eagerly"
+
+    def _pipeline_program(self, module: nn.Module, max_det: int, max_nms: int):
+        from libreyolo.graphs import GraphProgram
+
+        family, post = self.family, self.family.device_postprocess()
+
+        def pipeline(x: torch.Tensor, params: torch.Tensor) -> dict[str, torch.Tensor]:
+            return post(family.named_outputs(module(x)), params, max_det=max_det, max_nms=max_nms)
+
+        return GraphProgram("pipeline", pipeline, (("max_det", max_det), ("max_nms", max_nms)))
+
+    def _pipeline_forward(self, batch: torch.Tensor, metas: list, mode: bool | str, *, conf: float, iou: float,
+                          max_det: int, classes: list[int] | None = None,
+                          max_nms: int | None = None) -> dict[str, torch.Tensor]:
+        """Padded detections from the whole-pipeline graph (no family check: the parity harness uses it)."""
+        from libreyolo.ops.postprocess import DEFAULT_MAX_NMS
+
+        copy = self._copies().get(batch.device, batch.dtype)
+        runner = self._graph_runner(copy)
+        post = self.family.device_postprocess()
+        params = post.params(metas, conf=conf, iou=iou, nc=self.nc, classes=classes, device=batch.device)
+        program = self._pipeline_program(copy.module, max_det, max_nms or DEFAULT_MAX_NMS)
+        with torch.inference_mode():
+            return runner((batch, params), mode, program)
+
+    def _graph_runner(self, copy: InferenceCopy | None = None):
+        """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
+        model's device and precision). Graphs capture the copy's module and are released with it."""
+        copy = self.inference_copy() if copy is None else copy
+        return copy.attached(_GRAPHS, self._new_graph_runner)
+
+    def _new_graph_runner(self, module: nn.Module):
+        from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
+
+        family = self.family
+
+        def network(x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return family.named_outputs(module(x))
+
+        return GraphRunner(module, network, backend=self.__dict__.get("_graph_backend"),
+                           max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
+
+    def _graph_runners(self) -> list:
+        """The graph runners of the live inference copies (none made here)."""
+        return [r for r in (c.attachment(_GRAPHS) for c in self._copies().live()) if r is not None]
 
     def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
-        """Set graph options; returns the current ones. ``max_graphs``: graphs kept (LRU, default 16)."""
-        runner = self._graph_runner()
+        """Set graph options; returns the current ones. ``max_graphs``: graphs kept per inference copy
+        (device and precision; LRU, default 16)."""
+        from libreyolo.graphs import DEFAULT_MAX_GRAPHS
+        from libreyolo.graphs.runner import _check_max_graphs
+
         if max_graphs is not None:
-            runner.set_max_graphs(max_graphs)
-        return {"max_graphs": runner.max_graphs}
+            self._max_graphs = _check_max_graphs(max_graphs)
+            for runner in self._graph_runners():
+                runner.set_max_graphs(max_graphs)
+        return {"max_graphs": self._max_graphs or DEFAULT_MAX_GRAPHS}
 
     def capture_graph(self, imgsz: int | None = None, batch: int = 1,
-                      dtype: torch.dtype | None = None) -> dict[str, Any]:
-        """Capture the forward for ``(batch, 3, imgsz, imgsz)`` now, so the first request does not pay.
+                      dtype: torch.dtype | None = None, *, max_det: int = 300,
+                      max_nms: int | None = None) -> dict[str, Any]:
+        """Capture what ``predict(cuda_graph=True)`` replays for ``(batch, 3, imgsz, imgsz)`` now, so
+        the first request does not pay: the whole pipeline for ``max_det``/``max_nms`` where the
+        family supports it (:meth:`pipeline_unavailable`), else the network forward.
 
-        ``dtype``: None keeps the model's precision; ``torch.float16`` captures for
-        ``predict(half=True)`` (and converts the model to half, as that call would). Returns the
-        graph's entry of :meth:`graph_info`.
+        ``dtype``: None is the model's precision (see :meth:`half`); ``torch.float16`` captures for
+        ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
+        the graph's entry of :meth:`graph_info`.
         """
-        from libreyolo.engine.predictor import _check_positive_int, check_imgsz
+        from libreyolo.engine.predictor import _check_positive_int
         from libreyolo.graphs import GraphUnavailableError
 
         self._require_graph_support()
-        imgsz = check_imgsz(self.imgsz if imgsz is None else imgsz, self.family.stride)
+        imgsz = self.family.check_imgsz(self.imgsz if imgsz is None else imgsz)
         batch = _check_positive_int("batch", batch)
-        runner = self._graph_runner()
-        why_not = runner.backend.unavailable(self.device)
+        if dtype is not None and dtype not in (torch.float32, torch.float16):
+            raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
+        dtype = self._default_dtype() if dtype is None else dtype
+        from libreyolo.graphs import CudaGraphBackend
+
+        backend = self.__dict__.get("_graph_backend") or CudaGraphBackend()
+        why_not = backend.unavailable(self.device)
         if why_not is not None:
             raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
-        if dtype is not None:
-            if dtype not in (torch.float32, torch.float16):
-                raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
-            self._prepare(None, dtype == torch.float16)
-        pad = self.family.letterbox(imgsz).pad_value / 255.0
-        x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=self._input_dtype(self._half), device=self.device)
+        self._call_settings(None, dtype == torch.float16)
+        runner = self._graph_runner(self.inference_copy(self.device, dtype))
+        pad = self.family.letterbox(imgsz).neutral_input  # a blank image, as preprocessed
+        x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=dtype, device=self.device)
+        if self.pipeline_unavailable(self.device) is None:
+            from libreyolo.ops.letterbox import LetterboxMeta
+            from libreyolo.ops.postprocess import DEFAULT_MAX_NMS
+
+            max_det = _check_positive_int("max_det", max_det)
+            max_nms = DEFAULT_MAX_NMS if max_nms is None else _check_positive_int("max_nms", max_nms)
+            metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
+            params = self.family.device_postprocess().params(metas, conf=0.25, iou=0.45, nc=self.nc, classes=None,
+                                                             device=self.device)
+            program = self._pipeline_program(runner.module, max_det, max_nms)
+            with torch.inference_mode():
+                return runner.capture((x, params), program)
         with torch.inference_mode():
             return runner.capture(x)
 
     def graph_info(self) -> dict[str, Any]:
-        """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md."""
+        """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md.
+
+        Graphs of every inference copy (device and precision) are listed; the counters include
+        graphs dropped with copies that were retired because the weights changed.
+        """
         info: dict[str, Any] = {"family": self.family.name, "supported": bool(self.family.SUPPORTS_CUDA_GRAPH)}
-        info.update(self._graph_runner().info())
+        why = self.pipeline_unavailable()
+        info["pipeline"] = {"supported": bool(self.family.SUPPORTS_PIPELINE_GRAPH), "active": why is None,
+                            "reason": why}
+        runners = self._graph_runners() or [self._graph_runner()]
+        infos = [r.info() for r in runners]
+        merged = dict(infos[0])
+        for key in ("graphs", "failures", "eager_fallbacks", "pending"):
+            merged[key] = [item for i in infos for item in i[key]]
+        totals = self._graph_totals
+        for key in ("captures", "evictions", "invalidations"):
+            merged[key] = totals[key] + sum(i[key] for i in infos)
+        last = [i["last_invalidation"] for i in infos if i["last_invalidation"]]
+        merged["last_invalidation"] = last[-1] if last else totals["last_invalidation"]
+        info.update(merged)
         return info
 
     def release_graphs(self) -> None:
         """Free every captured graph and its memory; recorded capture failures are forgotten too."""
-        runner = self.__dict__.get("_graphs")
-        if runner is not None:
+        for runner in self._graph_runners():
             runner.release()
 
     # --- weights -----------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> Model:
-        load_state(self.net, state_dict, "load_weights()")
+        copies = self._copies()
+        with copies.mutating():
+            load_state(self.net, state_dict, "load_weights()")
+            copies.invalidate("weights were modified in place (load_weights)")
         return self
 
     def save(self, path: str | Path) -> str:

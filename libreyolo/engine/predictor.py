@@ -7,15 +7,17 @@ preprocessing, decoding and NMS exist once.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from libreyolo.data.sources import SourceImage, load_sources
-from libreyolo.errors import ArgumentError
+from libreyolo.data.sources import SourceImage, Sources, open_sources
+from libreyolo.errors import ArgumentError, ImageError
 from libreyolo.models.base import Family
-from libreyolo.results import Boxes, Results
+from libreyolo.results import Results, make_results
+from libreyolo.utils.checks import MAX_IMGSZ, parse_bool, resolve_device
+from libreyolo.utils.log import LOGGER, want_info
 
 CUDA_GRAPH_MODES = (False, True, "auto")
 
@@ -35,9 +37,11 @@ def _check_positive_int(name: str, value: Any) -> int:
 def check_imgsz(value: Any, stride: int) -> int:
     if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
         value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int) or value < stride or value % stride:
+    if (isinstance(value, bool) or not isinstance(value, int) or value < stride or value % stride
+            or value > MAX_IMGSZ):
         raise ArgumentError(
-            f"imgsz must be a positive multiple of the model stride {stride} (e.g. 320, 640), got {value!r}"
+            f"imgsz must be a positive multiple of the model stride {stride} up to {MAX_IMGSZ} (e.g. 320, 640), "
+            f"got {value!r}"
         )
     return value
 
@@ -49,6 +53,7 @@ class Predictor:
     size: str
     names: dict[int, str]
     imgsz: int
+    default_batch: int = 16  # images decoded and run at once when predict() is given no ``batch``
 
     # --- to implement --------------------------------------------------------------------
     @property
@@ -62,10 +67,28 @@ class Predictor:
         raise NotImplementedError
 
     def _prepare(self, device: torch.device | None, half: bool) -> None:
-        """Move/convert the backend if a call asks for another device or precision."""
+        """Check that the backend can run a call on ``device`` (None: its own) in ``half``."""
+
+    def _call_settings(self, device: torch.device | None, half: bool | None) -> tuple[torch.device, bool]:
+        """(device, half) one call runs with. Never changes the model for later calls: an eager
+        model runs the call on an inference copy for that device and precision."""
+        half = bool(half)
+        self._prepare(device, half)
+        return self.device, half
+
+    def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
+               **post: Any) -> list:
+        """Network and postprocessing for one letterboxed batch; per-image predictions.
+
+        Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
+        run both stages as one CUDA graph (:meth:`libreyolo.engine.model.Model._infer`).
+        """
+        outputs = self._forward(batch, cuda_graph=cuda_graph)
+        clock.mark()
+        return self.family.postprocess(outputs, metas, **post)
 
     # --- the pipeline ----------------------------------------------------------------------
-    def __call__(self, source: Any = None, **kwargs: Any) -> Results | list[Results]:
+    def __call__(self, source: Any = None, **kwargs: Any) -> Results | list[Results] | Iterator[Results]:
         return self.predict(source, **kwargs)
 
     def predict(
@@ -77,22 +100,34 @@ class Predictor:
         max_det: int = 300,
         imgsz: int | None = None,
         classes: Sequence[int] | None = None,
-        half: bool = False,
+        max_nms: int | None = None,
+        half: bool | None = None,
         device: str | torch.device | None = None,
         batch: int | None = None,
         cuda_graph: bool | str = False,
         color_format: str = "bgr",
         verbose: bool = False,
-    ) -> Results | list[Results]:
+        stream: bool = False,
+        progress: bool | None = None,
+    ) -> Results | list[Results] | Iterator[Results]:
         """Detect objects. One input gives one :class:`Results`; a list, directory or batch gives a list.
 
         ``source``: path, directory, list of paths, PIL image, numpy HWC array (BGR unless
         ``color_format="rgb"``), tensor (CHW/NCHW RGB, float in [0, 1] or uint8), or a list.
+
+        Images are decoded and run ``batch`` at a time (default :attr:`default_batch`), so memory
+        stays bounded whatever the number of inputs. ``stream=True`` returns a generator of
+        :class:`Results` instead of a list. In a directory or list, a file that cannot be decoded
+        is skipped with a logged warning (a single image raises :class:`ImageError`).
+        ``progress``: a bar on stderr; ``None`` shows it for runs of more than one batch on a
+        terminal. ``verbose=True`` logs one line per image (INFO, logger ``libreyolo``).
         """
         conf = _check_fraction("conf", conf)
         iou = _check_fraction("iou", iou)
         max_det = _check_positive_int("max_det", max_det)
-        imgsz = check_imgsz(self.imgsz if imgsz is None else imgsz, self.family.stride)
+        if max_nms is not None:  # None: the postprocessing's default cap (libreyolo.ops.postprocess)
+            max_nms = _check_positive_int("max_nms", max_nms)
+        imgsz = self.family.check_imgsz(self.imgsz if imgsz is None else imgsz)
         if batch is not None:
             batch = _check_positive_int("batch", batch)
         if cuda_graph not in CUDA_GRAPH_MODES or not isinstance(cuda_graph, (bool, str)):
@@ -102,51 +137,130 @@ class Predictor:
             bad = [c for c in classes if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < len(self.names)]
             if bad:
                 raise ArgumentError(f"classes must be class ids in 0..{len(self.names) - 1}, got {bad}")
-        self._prepare(torch.device(device) if device is not None else None, bool(half))
+        for name, flag in (("stream", stream), ("verbose", verbose)):
+            if not isinstance(flag, bool):
+                raise ArgumentError(f"{name} must be True or False, got {flag!r}")
+        if progress is not None and not isinstance(progress, bool):
+            raise ArgumentError(f"progress must be True, False or None (automatic), got {progress!r}")
+        half = None if half is None else parse_bool("half", half)  # None: the model's precision (half())
+        run_device, half = self._call_settings(resolve_device(device), half)
 
-        t0 = time.perf_counter()
-        images = load_sources(source, color_format=color_format)
-        single = len(images) == 1 and not isinstance(source, (list, tuple)) and not _is_multi(source)
-        step = batch or len(images)
-        results: list[Results] = []
-        for start in range(0, len(images), step):
-            chunk = images[start:start + step]
-            results.extend(self._predict_chunk(chunk, t0, conf=conf, iou=iou, max_det=max_det, imgsz=imgsz,
-                                               classes=classes, half=bool(half), cuda_graph=cuda_graph))
-            t0 = time.perf_counter()
+        sources = open_sources(source, color_format=color_format)
         if verbose:
-            for r in results:
-                print(f"{r.path or 'image'}: {len(r)} detections, " + ", ".join(
-                    f"{k} {v:.1f} ms" for k, v in r.speed.items()))
-        return results[0] if single else results
+            want_info()
+        run = self._stream(sources, batch or self.default_batch, progress=progress, verbose=verbose,
+                           keep_pixels=stream, conf=conf, iou=iou, max_det=max_det, imgsz=imgsz, classes=classes,
+                           half=half, cuda_graph=cuda_graph, device=run_device, max_nms=max_nms)
+        if stream:
+            return run
+        results = list(run)
+        return results[0] if sources.single else results
+
+    def _stream(self, sources: Sources, step: int, *, progress: bool | None, verbose: bool, keep_pixels: bool,
+                **kw: Any) -> Iterator[Results]:
+        """Results batch by batch: decode ``step`` images, run them, hand them out, forget them.
+
+        Without ``keep_pixels`` a result read from a file keeps its path, not its pixels
+        (:meth:`Results.orig_rgb` reads the file again), so a list of results stays small.
+        """
+        total = len(sources)
+        bar = _progress_bar(total, show=total > step if progress is None else progress, auto=progress is None)
+        produced = seen_skips = 0
+        try:
+            t0 = time.perf_counter()
+            for chunk in sources.batches(step, skip_unreadable=not sources.single):
+                results = self._predict_chunk(chunk, t0, **kw)
+                if not keep_pixels:
+                    for img, r in zip(chunk, results, strict=True):
+                        if img.from_file:
+                            r.release_image()
+                produced += len(results)
+                if bar is not None:
+                    bar.update(len(chunk) + len(sources.skipped) - seen_skips)
+                    seen_skips = len(sources.skipped)
+                if verbose:
+                    for r in results:
+                        LOGGER.info("%s: %s, %s", r.path or "image", r.verbose(),
+                                    ", ".join(f"{k} {v:.1f} ms" for k, v in r.speed.items()))
+                del chunk
+                yield from results
+                t0 = time.perf_counter()  # the caller's time between batches is not ours
+            if bar is not None:
+                bar.update(total - bar.n)  # files skipped after the last batch
+        finally:
+            if bar is not None:
+                bar.close()
+        if sources.skipped:
+            if not produced:
+                raise ImageError(f"none of the {total} images could be read; first: {sources.skipped[0][1]}")
+            LOGGER.warning("skipped %d of %d images that could not be read", len(sources.skipped), total)
 
     def _predict_chunk(self, chunk: list[SourceImage], t0: float, *, conf: float, iou: float, max_det: int,
-                       imgsz: int, classes: list[int] | None, half: bool, cuda_graph: bool | str) -> list[Results]:
-        device = self.device
+                       imgsz: int, classes: list[int] | None, half: bool, cuda_graph: bool | str,
+                       device: torch.device | None = None, max_nms: int | None = None) -> list[Results]:
+        device = self.device if device is None else device
+        clock = StageClock(device, t0)
         tensors = [img.to_device(device) for img in chunk]
         batch, metas = self.family.letterbox(imgsz)(tensors, dtype=self._input_dtype(half))
-        t1 = time.perf_counter()
-        outputs = self._forward(batch, cuda_graph=cuda_graph)
-        t2 = time.perf_counter()
-        dets = self.family.postprocess(outputs, metas, conf=conf, iou=iou, max_det=max_det, classes=classes)
-        t3 = time.perf_counter()
-        n = len(chunk)
-        # per-image share of the chunk's time; inference and post include device time because
-        # postprocessing reads results back (a synchronisation point)
-        speed = {"preprocess": (t1 - t0) * 1e3 / n, "inference": (t2 - t1) * 1e3 / n,
-                 "postprocess": (t3 - t2) * 1e3 / n}
+        clock.mark()  # preprocessing enqueued
+        post = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes}
+        if max_nms is not None:  # only when asked for: not every family's postprocess takes it
+            post["max_nms"] = max_nms
+        preds = self._infer(batch, metas, clock, cuda_graph=cuda_graph, **post)
+        speed = clock.speed(len(chunk))
         out = []
-        for img, meta, det in zip(chunk, metas, dets, strict=True):
-            boxes = Boxes(det["xyxy"], det["conf"], det["cls"], meta.orig_shape)
-            out.append(Results(names=self.names, orig_shape=meta.orig_shape, path=img.path, boxes=boxes,
-                               orig_img=img.original if img.original is not None else img.pixels,
-                               speed=dict(speed)))
+        task = self.family.task  # the Results fields come from one task table (libreyolo.results)
+        for img, meta, pred in zip(chunk, metas, preds, strict=True):
+            out.append(make_results(task, pred, names=self.names, orig_shape=meta.orig_shape, path=img.path,
+                                    orig_img=img.original if img.original is not None else img.pixels,
+                                    speed=dict(speed)))
         return out
 
 
-def _is_multi(source: Any) -> bool:
-    from pathlib import Path
+class StageClock:
+    """Per-image ``preprocess`` / ``inference`` / ``postprocess`` times of one batch, honestly.
 
-    if isinstance(source, (str, Path)) and Path(source).is_dir():
-        return True
-    return isinstance(source, torch.Tensor) and source.ndim == 4 and source.shape[0] > 1
+    Device work is asynchronous and the pipeline synchronises once, when postprocessing reads
+    its results back, so host timestamps alone would charge the network's device time to
+    postprocessing. On CUDA each boundary (:meth:`mark`) also records an event on the current
+    stream; :meth:`speed` (called after the results are back, so it waits for nothing) gives
+    ``inference`` and ``postprocess`` as device time between the events, and ``preprocess`` as
+    the rest of the wall time since ``t0`` (decoding, upload, letterbox). Elsewhere the three
+    are host time. With a whole-pipeline CUDA graph, the network and on-device postprocessing
+    are one replay, counted as ``inference``; ``postprocess`` is then reading results back.
+    """
+
+    def __init__(self, device: torch.device, t0: float) -> None:
+        self.t0 = t0
+        self.cuda = device.type == "cuda" and torch.cuda.is_available()
+        self.marks: list[tuple[float, Any]] = []
+
+    def mark(self) -> None:
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.marks.append((time.perf_counter(), event))
+
+    def speed(self, n: int) -> dict[str, float]:
+        self.mark()  # the end: results are on the host by now
+        (t1, e1), (t2, e2), (t3, e3) = self.marks[-3:]
+        if self.cuda:
+            e3.synchronize()  # already complete: the results were read back
+            inference, post = e1.elapsed_time(e2), e2.elapsed_time(e3)
+            pre = max(0.0, (t3 - self.t0) * 1e3 - inference - post)
+        else:
+            pre, inference, post = (t1 - self.t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+        return {"preprocess": pre / n, "inference": inference / n, "postprocess": post / n}
+
+
+def _progress_bar(total: int, *, show: bool, auto: bool) -> Any:
+    """A tqdm bar on stderr over ``total`` images, or None. ``auto``: only on a terminal."""
+    if not show:
+        return None
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="img", desc="predict", file=sys.stderr, disable=None if auto else False,
+                dynamic_ncols=True)

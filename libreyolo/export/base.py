@@ -38,6 +38,7 @@ class ExportOptions:
     require_validation: bool = False
     dynamic_spatial: bool = False   # dynamic height/width too (contract and format allow it)
     device_explicit: bool = False   # the user named the device
+    autotune: bool = False          # AOTInductor on CUDA: Inductor max_autotune (longer compile)
 
     @property
     def precision(self) -> str:
@@ -46,7 +47,8 @@ class ExportOptions:
     def as_metadata(self) -> dict[str, Any]:
         return {"imgsz": self.imgsz, "batch": self.batch, "dynamic": self.dynamic, "half": self.half,
                 "opset": self.opset, "simplify": self.simplify, "nms": self.nms is not None,
-                "device": str(self.device), "workspace": self.workspace, "validate": self.validate}
+                "device": str(self.device), "workspace": self.workspace, "validate": self.validate,
+                **({"autotune": True} if self.autotune else {})}
 
 
 class Exporter:
@@ -64,6 +66,7 @@ class Exporter:
     embedded_nms: ClassVar[bool] = False
     onnx_options: ClassVar[bool] = False     # does opset/simplify apply
     workspace_option: ClassVar[bool] = False
+    autotune_option: ClassVar[bool] = False  # does autotune apply
 
     def check(self, opts: ExportOptions) -> None:
         """Format-specific argument checks, before anything is built."""
@@ -75,6 +78,12 @@ class Exporter:
 
     def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def content_sha256(self, path: Path) -> str:
+        """Hash of the model bytes, unchanged by :meth:`write_metadata` (checked by the runtime on load)."""
+        from libreyolo.export.metadata import sha256_file
+
+        return sha256_file(path)
 
     def companions(self, path: Path) -> list[Path]:
         """Files that travel with the artifact (sidecar metadata), installed before it."""
@@ -89,8 +98,9 @@ class Exporter:
         raise NotImplementedError
 
 
-_MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt"}
-_ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt"}
+_MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti"}
+_ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt", "pt2": "aoti",
+            "aotinductor": "aoti"}
 FORMATS = tuple(_MODULES)
 
 

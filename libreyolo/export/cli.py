@@ -7,7 +7,7 @@ dict of options (unknown keys are an error):
 option                        default    meaning
 ============================  =========  ==================================================
 ``model``                     required   checkpoint (``LibreYOLO9t.pt``), ``*.yaml`` or Hub name
-``format``                    ``onnx``   ``onnx``, ``executorch``, ``coreml``, ``tensorrt``
+``format``                    ``onnx``   ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti``
 ``imgsz``                     model's    input size, a multiple of the stride (32)
 ``batch``                     ``1``      batch size (``tensorrt`` + ``dynamic``: the largest)
 ``dynamic``                   ``False``  dynamic batch (and height/width for ONNX)
@@ -19,13 +19,15 @@ option                        default    meaning
 ``output``                    see below  artifact path (or an existing folder)
 ``name``                      ``None``   file name in the default folder (instead of output)
 ``workspace``                 ``4``      TensorRT builder workspace in GiB
+``autotune``                  ``False``  ``aoti`` on CUDA: Inductor max-autotune (long compile)
 ``validate``                  ``True``   compare the artifact with eager (``False``: warning)
 ``require_validation``        ``False``  fail unless the artifact was actually validated here
 ============================  =========  ==================================================
 
 Default output: next to the checkpoint with the format's suffix (``LibreYOLO9t.onnx``), or
 ``<family><size>.<ext>`` in the current folder for a model built from a YAML.
-Boolean options accept ``True/False``, ``1/0``, ``yes/no``, ``on/off`` strings.
+Boolean options accept ``True``/``False`` or the strings ``true``/``false``/``1``/``0``
+(anything else is an error: ``"false"`` must never read as true).
 
 Exit codes: 0 when the artifact is written (validated, or not validatable here and
 ``require_validation`` is off); user mistakes raise :class:`libreyolo.errors.LibreYOLOError`
@@ -40,20 +42,16 @@ from libreyolo.errors import ArgumentError
 OPTIONS: dict[str, Any] = {
     "model": None, "format": "onnx", "imgsz": None, "batch": 1, "dynamic": False, "half": False,
     "opset": None, "simplify": False, "nms": False, "device": None, "output": None, "name": None,
-    "workspace": None, "validate": True, "require_validation": False,
+    "workspace": None, "validate": True, "require_validation": False, "autotune": False,
 }
-_BOOLS = ("dynamic", "half", "simplify", "nms", "validate", "require_validation")
+_BOOLS = ("dynamic", "half", "simplify", "nms", "validate", "require_validation", "autotune")
 _INTS = ("imgsz", "batch", "opset")
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
 def _bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE | _FALSE:
-        return text in _TRUE
-    raise ArgumentError(f"{key} must be true or false, got {value!r}")
+    from libreyolo.utils.checks import parse_bool
+
+    return parse_bool(key, value)
 
 
 def _int(key: str, value: Any) -> int:

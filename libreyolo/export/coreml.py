@@ -2,7 +2,9 @@
 
 The input is an image (``ImageType``: RGB, scale 1/255, no bias), so apps feed camera frames
 directly; our runtime feeds the letterboxed image as 8-bit RGB, which is exact because the
-letterbox yields whole grey levels. Static shapes, batch 1. Conversion runs on Linux and
+letterbox yields whole grey levels. Families whose contract says ``image_input=False``
+(classifiers: per-channel mean/std) take a float ``TensorType`` of the normalised input instead,
+as every other format does. Static shapes, batch 1. Conversion runs on Linux and
 macOS; running (and so validating) needs macOS. Metadata is stored as the package's
 user-defined metadata.
 """
@@ -76,7 +78,8 @@ class CoreMLExporter(Exporter):
                     program, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS16,
                     inputs=[ct.ImageType(name=contract.input_name, shape=tuple(example.shape),
                                          scale=contract.input_scale, bias=[0.0, 0.0, 0.0],
-                                         color_layout=ct.colorlayout.RGB)],
+                                         color_layout=ct.colorlayout.RGB) if contract.image_input
+                            else ct.TensorType(name=contract.input_name, shape=tuple(example.shape))],
                     outputs=[ct.TensorType(name=n) for n in module.output_names()],
                     compute_precision=ct.precision.FLOAT16 if opts.half else ct.precision.FLOAT32,
                 )
@@ -97,6 +100,11 @@ class CoreMLExporter(Exporter):
         mlmodel.save(str(fresh))
         shutil.rmtree(path)
         fresh.rename(path)
+
+    def content_sha256(self, path: Path) -> str:
+        from libreyolo.export.metadata import mlpackage_content_sha256
+
+        return mlpackage_content_sha256(path)
 
     def not_validated_reason(self, opts: ExportOptions) -> str | None:
         return None if sys.platform == "darwin" else NOT_ON_THIS_OS

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,31 +19,29 @@ from libreyolo.errors import ArgumentError
 from libreyolo.export.base import Exporter, ExportError, ExportOptions, get_exporter
 from libreyolo.export.metadata import (
     METADATA_VERSION,
-    encode,
     sha256_file,
     sha256_state,
+    stamp,
     toolchain_versions,
 )
 from libreyolo.export.module import ExportModule
 from libreyolo.export.nms import DEFAULTS as NMS_DEFAULTS
 from libreyolo.export.report import ExportReport, ValidationReport
+from libreyolo.utils.checks import check_batch, nonfinite_keys, parse_bool, resolve_device
+from libreyolo.utils.log import LOGGER, want_info
+from libreyolo.utils.tempfiles import TempGuard
 
 
 def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ArgumentError(f"{name} must be True or False, got {value!r}")
-    return value
+    return parse_bool(name, value)
 
 
 def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic: Any, half: Any, opset: Any,
              simplify: Any, nms: Any, device: Any, workspace: Any, validate: Any,
-             require_validation: Any) -> ExportOptions:
-    from libreyolo.engine.predictor import check_imgsz
-
+             require_validation: Any, autotune: Any = False) -> ExportOptions:
     fmt = exporter.name
-    imgsz = check_imgsz(model.imgsz if imgsz is None else imgsz, model.family.stride)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ArgumentError(f"batch must be a positive integer, got {batch!r}")
+    imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
+    batch = check_batch(batch, "", ArgumentError)
     dynamic, half, simplify = _flag("dynamic", dynamic), _flag("half", half), _flag("simplify", simplify)
     validate, require_validation = _flag("validate", validate), _flag("require_validation", require_validation)
     contract = model.family.export
@@ -55,6 +52,9 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
         raise ArgumentError(f"family {model.family.name} declares static shapes; dynamic=True is not possible")
     if not exporter.onnx_options and (opset is not None or simplify):
         raise ArgumentError(f"opset/simplify apply to ONNX-based formats, not format={fmt}")
+    autotune = _flag("autotune", autotune)
+    if autotune and not exporter.autotune_option:
+        raise ArgumentError(f"autotune applies only to format=aoti (on CUDA), not format={fmt}")
     if workspace is not None and not exporter.workspace_option:
         raise ArgumentError(f"workspace applies only to format=tensorrt, not format={fmt}")
     if workspace is not None and (isinstance(workspace, bool) or not isinstance(workspace, (int, float))
@@ -74,9 +74,7 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
             nms_params.update(nms)
         elif nms is not True:
             raise ArgumentError(f"nms must be True, False or a dict of {sorted(NMS_DEFAULTS)}, got {nms!r}")
-    dev = torch.device(device) if device is not None else model.device
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ArgumentError(f"device {str(dev)!r} requested but CUDA is not available on this machine")
+    dev = resolve_device(device) if device is not None else model.device
     if half and exporter.half == "no":
         raise ArgumentError(f"half=True is not supported for format={fmt}; export in float32")
     if half and exporter.half == "cuda" and dev.type != "cuda":
@@ -85,7 +83,7 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
     opts = ExportOptions(fmt, imgsz, batch, dynamic, half, opset, simplify, nms_params, dev, workspace,
                          validate, require_validation,
                          dynamic_spatial=dynamic and contract.dynamic_spatial and exporter.dynamic_spatial,
-                         device_explicit=device is not None)
+                         device_explicit=device is not None, autotune=autotune)
     exporter.check(opts)
     return opts
 
@@ -111,6 +109,14 @@ def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Pa
     if path.suffix.lower() != exporter.suffix:
         raise ArgumentError(f"output {str(path)!r} must end in {exporter.suffix} for format={exporter.name} "
                             "(runtimes are chosen by the file suffix)")
+    # what is in the way is found now, not after the export has run
+    for target in (path, *exporter.companions(path)):
+        wants_folder = exporter.is_directory and target == path
+        if target.is_symlink() or (target.exists() and target.is_dir() != wants_folder):
+            kind = "a link" if target.is_symlink() else ("a folder" if target.is_dir() else "not a folder")
+            raise ArgumentError(f"cannot write {target}: it already exists and is {kind}; the {exporter.name} "
+                                f"artifact needs {'a folder' if wants_folder else 'a file'} there. Remove it or "
+                                "choose another output")
     parent = path.parent
     if not parent.is_dir():
         raise ArgumentError(f"cannot write {path}: the folder {parent} does not exist")
@@ -135,10 +141,10 @@ def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: Expor
         "imgsz": opts.imgsz, "batch": opts.batch, "stride": family.stride,
         "input_name": contract.input_name, "output_names": list(module.output_names()),
         "input_dtype": "float16" if opts.half and exporter.half == "cuda" else "float32",
+        # network input = (8-bit pixel * scale - mean) / std, per channel in ``color`` order
         "normalization": {"layout": contract.input_layout, "color": contract.input_color,
-                          "scale": contract.input_scale, "mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]},
-        "letterbox": {"placement": box.placement, "pad_value": box.pad_value, "size": box.size,
-                      "resize": "bilinear, half-pixel centres, rounded to 8 bit"},
+                          "scale": contract.input_scale, **box.normalization()},
+        "letterbox": box.describe(),  # the preprocessing (letterbox, resize + crop, ...), checked by runtimes
         "precision": opts.precision, "dynamic_axes": axes, "nms": opts.nms,
         "export_args": opts.as_metadata(), "versions": toolchain_versions(*exporter.toolchain),
         "source_weights_sha256": weights,
@@ -179,10 +185,12 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
            dynamic: bool = False, half: bool = False, opset: int | None = None, simplify: bool = False,
            nms: bool | dict[str, Any] = False, device: str | torch.device | None = None,
            output: str | Path | None = None, name: str | None = None, workspace: float | None = None,
-           validate: bool = True, require_validation: bool = False, verbose: bool = True) -> ExportReport:
+           validate: bool = True, require_validation: bool = False, verbose: bool = True,
+           autotune: bool = False) -> ExportReport:
     """Export an eager model to an artifact, validate it against eager, and install it atomically.
 
-    ``format``: ``onnx``, ``executorch``, ``coreml`` or ``tensorrt``. ``imgsz`` defaults to the
+    ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt`` or ``aoti`` (AOTInductor ``.pt2``;
+    ``autotune=True`` tunes its CUDA kernels). ``imgsz`` defaults to the
     model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``, ``max_det``)
     embeds NMS. ``validate=False`` skips the comparison with eager (with a loud warning);
     ``require_validation=True`` fails when the artifact cannot be run here. Raises
@@ -192,49 +200,61 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     exporter = get_exporter(format)
     opts = _options(model, exporter, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, opset=opset,
                     simplify=simplify, nms=nms, device=device, workspace=workspace, validate=validate,
-                    require_validation=require_validation)
+                    require_validation=require_validation, autotune=autotune)
     final = default_output(model, exporter, output, name)
     if opts.require_validation:  # known before building: fail fast
         reason = "validate=False was passed" if not opts.validate else exporter.not_validated_reason(opts)
         if reason:
             raise ExportError(f"require_validation=True but the artifact cannot be validated here: {reason}; "
                               f"nothing was written to {final}")
+    bad, count = nonfinite_keys(model.family.finite_check_view(model.net.state_dict()))
+    if bad:
+        raise ExportError(f"the model's weights hold NaN or Inf in {count} tensor(s) ({', '.join(bad)}"
+                          f"{', ...' if count > len(bad) else ''}): an artifact of them would detect nothing. "
+                          f"Export a model with finite weights; nothing was written to {final}")
     start = time.perf_counter()
     net = copy.deepcopy(model.net).to(opts.device).eval()
     net = net.half() if opts.half and exporter.half == "cuda" else net.float()
     module = ExportModule(net, model.family, opts.nms, nc=model.nc).to(opts.device).eval()
     dtype = torch.float16 if opts.half and exporter.half == "cuda" else torch.float32
     example = torch.full((opts.batch, 3, opts.imgsz, opts.imgsz), 0.5, dtype=dtype, device=opts.device)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
-        built = work / final.name
-        with torch.no_grad():
-            exporter.build(module, example, built, opts, work)
-        meta = _metadata(model, exporter, opts, module)
-        exporter.write_metadata(built, encode(meta), meta)
-        if opts.validate:
-            from libreyolo.export.validate import validate_artifact
+    with TempGuard() as guard:  # SIGTERM during the export removes the work folder too
+        work = guard.add(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        try:
+            built = work / final.name
+            with torch.no_grad():
+                exporter.build(module, example, built, opts, work)
+            meta = _metadata(model, exporter, opts, module)
+            content = exporter.content_sha256(built)
+            exporter.write_metadata(built, stamp(meta, content), meta)
+            if opts.validate:
+                from libreyolo.export.validate import validate_artifact
 
-            reason = exporter.not_validated_reason(opts)
-            report = ValidationReport.not_run(reason) if reason else validate_artifact(model, exporter, built, opts)
-        else:
-            report = ValidationReport.skipped()
-            print("\n" + "!" * 78 + "\nWARNING: validate=False: this artifact was NOT compared with the eager "
-                  "model.\nIts outputs may be wrong and nothing here would notice.\n" + "!" * 78 + "\n",
-                  file=sys.stderr)
-        meta["validation"] = report.to_dict()
-        exporter.write_metadata(built, encode(meta), meta)
-        if report.status == "failed":
-            raise ExportError(f"{exporter.name} artifact does not match the eager model; nothing was written "
-                              f"to {final}.\n{report.text()}")
-        if opts.require_validation and report.status != "passed":
-            raise ExportError(f"require_validation=True but the artifact was {report.headline()}; nothing was "
-                              f"written to {final}")
-        _install(exporter, built, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+                reason = exporter.not_validated_reason(opts)
+                report = ValidationReport.not_run(reason) if reason else validate_artifact(model, exporter, built, opts)
+            else:
+                report = ValidationReport.skipped()
+                LOGGER.warning("validate=False: this artifact was NOT compared with the eager model. Its outputs may "
+                               "be wrong and nothing here would notice.")
+            meta["validation"] = report.to_dict()
+            encoded = stamp(meta, content)
+            exporter.write_metadata(built, encoded, meta)
+            if exporter.content_sha256(built) != content:
+                raise ExportError(f"writing the metadata changed the {exporter.name} model bytes, so the artifact's "
+                                  "integrity hash would not hold; this is a bug, please report it")
+            meta.update(content_sha256=content, metadata_sha256=encoded["metadata_sha256"])
+            if report.status == "failed":
+                raise ExportError(f"{exporter.name} artifact does not match the eager model; nothing was written "
+                                  f"to {final}.\n{report.text()}")
+            if opts.require_validation and report.status != "passed":
+                raise ExportError(f"require_validation=True but the artifact was {report.headline()}; nothing was "
+                                  f"written to {final}")
+            _install(exporter, built, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     out = ExportReport(path=final, format=exporter.name, validation=report, metadata=meta,
                        seconds=time.perf_counter() - start)
     if verbose:
-        print(out.text())
+        want_info()
+        LOGGER.info("%s", out.text())
     return out

@@ -4,6 +4,12 @@ Written by the exporters, read by the runtimes. ONNX keeps it in ``metadata_prop
 in the package's user-defined metadata (one string per key); ExecuTorch programs and
 TensorRT engines have no room for it, so it goes into a sidecar ``<artifact>.json`` bound to
 the artifact by its sha256.
+
+Integrity: every artifact's metadata carries ``content_sha256`` (the model bytes: the whole
+file for ``.pte``/``.engine``, the ONNX model minus its ``metadata_props`` so that writing
+metadata does not change what is hashed) and ``metadata_sha256`` (every metadata entry except
+``validation`` and the two hashes). Runtimes check both on load (:func:`check_integrity`);
+``LibreYOLO(path, verify=False)`` skips the check for a file the user trusts.
 """
 from __future__ import annotations
 
@@ -41,7 +47,12 @@ FIELDS: dict[str, type] = {
     "versions": dict,
     "source_weights_sha256": str,
     "validation": dict,
+    "content_sha256": str,
+    "metadata_sha256": str,
 }
+# entries outside metadata_sha256: the validation report is written after the first stamp, and
+# the hashes cannot cover themselves
+UNHASHED = ("validation", "content_sha256", "metadata_sha256")
 REQUIRED = ("libreyolo_metadata", "format", "family", "size", "task", "names", "imgsz", "batch", "stride",
             "input_name", "output_names", "input_dtype", "letterbox", "precision", "dynamic_axes")
 
@@ -74,8 +85,134 @@ def decode(props: dict[str, str], where: str) -> dict[str, Any]:
             meta[key] = json.loads(raw)
         except (TypeError, ValueError):
             raise CheckpointError(f"{where}: metadata key {key!r} is not valid JSON: {raw[:60]!r}") from None
-    meta["names"] = {int(k): str(v) for k, v in meta["names"].items()}
+    names = meta["names"]
+    if isinstance(names, dict) and all(isinstance(k, str) and k.isdigit() for k in names):
+        meta["names"] = {int(k): v for k, v in names.items()}  # checked by the runtime (check_names)
     return meta
+
+
+def json_normalised(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` as it reads back from JSON (int keys become strings, tuples lists), without the hashes."""
+    return json.loads(json.dumps({k: v for k, v in meta.items() if k not in UNHASHED[1:]}))
+
+
+def metadata_sha256(encoded: dict[str, str]) -> str:
+    """Hash of the encoded metadata entries, except :data:`UNHASHED`, in key order."""
+    body = json.dumps(sorted((k, v) for k, v in encoded.items() if k not in UNHASHED))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def stamp(meta: dict[str, Any], content_sha256: str) -> dict[str, str]:
+    """The encoded metadata to store, with ``content_sha256`` and ``metadata_sha256`` added."""
+    encoded = encode(json_normalised(meta))
+    encoded["content_sha256"] = content_sha256
+    encoded["metadata_sha256"] = metadata_sha256(encoded)
+    return encoded
+
+
+def check_integrity(encoded: dict[str, str], content_sha256: str, where: str) -> None:
+    """Compare an artifact's bytes and metadata with the hashes stored at export."""
+    again = "Re-export it, or load it with LibreYOLO(path, verify=False) if you trust the file"
+    stored_content, stored_meta = encoded.get("content_sha256"), encoded.get("metadata_sha256")
+    if not stored_content or not stored_meta:
+        raise CheckpointError(f"{where} carries no integrity hashes (content_sha256/metadata_sha256: exported by an "
+                              f"older LibreYOLO, or its metadata was rewritten), so it cannot be verified. {again}")
+    if content_sha256 != stored_content:
+        raise CheckpointError(
+            f"{where}: the model bytes do not match the hash recorded at export (sha256 differs: "
+            f"{content_sha256[:12]}... vs {stored_content[:12]}...): the file is damaged or was changed after "
+            f"export. {again}"
+        )
+    if metadata_sha256(encoded) != stored_meta:
+        raise CheckpointError(
+            f"{where}: its LibreYOLO metadata was edited after export (it no longer matches metadata_sha256; "
+            f"classes, shapes, NMS settings or other recorded fields differ from what was exported). {again}"
+        )
+
+
+def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _records(view: memoryview):
+    """(field number, record start, payload start, record end) of each top-level protobuf record."""
+    pos = 0
+    while pos < len(view):
+        start = pos
+        key, pos = _varint(view, pos)
+        field_number, wire = key >> 3, key & 7
+        payload = pos
+        if wire == 0:
+            _, pos = _varint(view, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length, payload = _varint(view, pos)
+            pos = payload + length
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > len(view) or field_number == 0:
+            raise ValueError("truncated protobuf record")
+        yield field_number, start, payload, pos
+
+
+def _hash_proto(view: memoryview, h: Any, skip: dict[int, Any]) -> None:
+    """Feed ``view``'s records to ``h``, leaving out fields mapped to None and descending into
+    fields mapped to a nested ``skip`` table (their tag and contents are hashed, not their length)."""
+    for number, start, payload, end in _records(view):
+        rule = skip.get(number, ...)
+        if rule is None:
+            continue
+        if isinstance(rule, dict):
+            h.update(view[start:start + 1])
+            _hash_proto(view[payload:end], h, rule)
+        else:
+            h.update(view[start:end])
+
+
+ONNX_SKIP = {14: None}  # ModelProto.metadata_props
+COREML_SKIP = {2: {100: None}}  # Model.description.metadata (author, version, user-defined entries)
+
+
+def onnx_content_sha256(data: bytes) -> str:
+    """sha256 of a serialised ONNX ModelProto without its ``metadata_props`` records.
+
+    Read from the wire format: every other byte of the file is hashed as it is, so the hash
+    does not depend on how a protobuf library re-serialises the model, and writing metadata
+    (field 14) never changes it. Raises ``ValueError`` for bytes that are not a protobuf message.
+    """
+    h = hashlib.sha256()
+    _hash_proto(memoryview(data), h, ONNX_SKIP)
+    return h.hexdigest()
+
+
+def mlpackage_content_sha256(package: str | Path) -> str:
+    """sha256 of a CoreML package: every file by relative path, the model spec without its metadata.
+
+    ``Manifest.json`` (an index of the files, rewritten on save) is left out; the spec
+    (``*.mlmodel``) is hashed without ``description.metadata``, where the LibreYOLO metadata lives.
+    """
+    package = Path(package)
+    h = hashlib.sha256()
+    for file in sorted(p for p in package.rglob("*") if p.is_file() and p.name != "Manifest.json"):
+        h.update(file.relative_to(package).as_posix().encode() + b"\0")
+        data = file.read_bytes()
+        if file.suffix == ".mlmodel":
+            _hash_proto(memoryview(data), h, COREML_SKIP)
+        else:
+            h.update(hashlib.sha256(data).digest())
+    return h.hexdigest()
 
 
 def sha256_file(path: str | Path) -> str:
@@ -101,15 +238,19 @@ def sidecar_path(artifact: str | Path) -> Path:
 
 
 def write_sidecar(artifact: str | Path, meta: dict[str, Any]) -> Path:
-    """Write ``<artifact>.json`` holding the metadata and the artifact's sha256."""
+    """Write ``<artifact>.json`` holding the metadata, stamped with the artifact's hashes."""
     path = sidecar_path(artifact)
-    payload = {"artifact": Path(artifact).name, "sha256": sha256_file(artifact), "metadata": meta}
-    path.write_text(json.dumps(payload, indent=1, sort_keys=True))
+    encoded = stamp(meta, sha256_file(artifact))
+    stored = json_normalised(meta) | {k: encoded[k] for k in UNHASHED[1:]}
+    payload = {"artifact": Path(artifact).name, "sha256": encoded["content_sha256"], "metadata": stored}
+    from libreyolo.checkpoint import atomic_write
+
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=1, sort_keys=True)))
     return path
 
 
-def read_sidecar(artifact: str | Path) -> dict[str, Any]:
-    """Metadata from the sidecar of ``artifact``, after checking that it belongs to this file."""
+def read_sidecar(artifact: str | Path, *, verify: bool = True) -> dict[str, Any]:
+    """Metadata from the sidecar of ``artifact``; with ``verify``, checked against the artifact's hashes."""
     artifact = Path(artifact)
     path = sidecar_path(artifact)
     if not path.is_file():
@@ -119,15 +260,15 @@ def read_sidecar(artifact: str | Path) -> dict[str, Any]:
         )
     try:
         payload = json.loads(path.read_text())
-        digest, meta = payload["sha256"], payload["metadata"]
-    except (ValueError, KeyError, TypeError):
+        meta = payload["metadata"]
+        if not isinstance(meta, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise CheckpointError(f"{path} is not a LibreYOLO metadata file (corrupt JSON)") from None
-    if digest != sha256_file(artifact):
-        raise CheckpointError(
-            f"{path.name} describes another file than {artifact.name} (sha256 differs): the artifact was "
-            "changed or replaced after export; re-export it"
-        )
-    return decode(encode(meta), str(artifact))
+    encoded = encode(meta)
+    if verify:
+        check_integrity(encoded, sha256_file(artifact), f"{artifact} (with {path.name})")
+    return decode(encoded, str(artifact))
 
 
 def package_version(dist: str) -> str | None:

@@ -58,6 +58,10 @@ def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, opts
         slim = require("onnxslim", "onnx-simplify", "simplify=True (ONNX graph simplification)")
         model = slim.slim(model)
     onnx.checker.check_model(model)
+    # set before the content hash is taken: write_metadata changes metadata_props only
+    from libreyolo._version import __version__
+
+    model.producer_name, model.producer_version = "libreyolo", __version__
     onnx.save(model, str(path))
 
 
@@ -87,9 +91,12 @@ class OnnxExporter(Exporter):
         for key, value in encoded.items():
             entry = model.metadata_props.add()
             entry.key, entry.value = key, value
-        model.producer_name = "libreyolo"
-        model.producer_version = meta["versions"]["libreyolo"]
         onnx.save(model, str(path))
+
+    def content_sha256(self, path: Path) -> str:
+        from libreyolo.export.metadata import onnx_content_sha256
+
+        return onnx_content_sha256(path.read_bytes())
 
     def not_validated_reason(self, opts: ExportOptions) -> str | None:
         try:

@@ -49,8 +49,9 @@ class ValidationReport:
         total = sum(max(d["eager"], d["artifact"]) for d in self.detections)
         close = (f"min cosine {w['min_cosine']:.8f}" if "min_cosine" in w
                  else f"max score diff {w.get('max_conf_diff', 0):.2g} (matched detections)")
+        what = "top-k classes" if any(d.get("kind") == "classes" for d in self.detections) else "detections"
         return (f"{self.status} ({self.runtime}): max abs error {w.get('max_abs_error', 0):.3g}, {close}, "
-                f"detections matched {matched}/{total}")
+                f"{what} matched {matched}/{total}")
 
     def text(self) -> str:
         lines = [f"validation: {self.headline()}"]
@@ -60,6 +61,11 @@ class ValidationReport:
                          f"(allowed {c['allowed']:.3g})  cosine {c['cosine']:.8f}")
         for d in self.detections:
             mark = "ok " if d["passed"] else "BAD"
+            if d.get("kind") == "classes":
+                lines.append(f"  {mark} {d['probe']:<16} top-{d['eager']} classes equal at {d['matched']}/{d['eager']}"
+                             + (f" + {d['tie_swaps']} near-tie swaps" if d.get("tie_swaps") else "")
+                             + f" (max probability diff {d['max_conf_diff']:.2g})")
+                continue
             lines.append(f"  {mark} {d['probe']:<16} detections eager {d['eager']} artifact {d['artifact']} "
                          f"matched {d['matched']}" + (f" + {d['tie_swaps']} tie swaps" if d.get("tie_swaps") else "")
                          + (f" (+{d['swap_cascade']} decided by them)" if d.get("swap_cascade") else "")

@@ -5,8 +5,9 @@ distributions (uniform, clipped normal, smooth ramps), at the exported batch siz
 second batch size and a non-square size when the artifact has dynamic axes. Raw outputs are
 compared per output (max abs error against ``atol + rtol * |eager|``, cosine similarity in
 float64) with the family contract's thresholds for the format and precision; decoded
-detections are matched by class and IoU, and the sample image goes through both full
-``predict()`` pipelines.
+predictions are compared by the function the family's contract names (``decoded_match``:
+detections matched by class and IoU, classifications by their top-5 classes and probabilities),
+and the sample image goes through both full ``predict()`` pipelines.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from libreyolo.export.module import ExportModule
 from libreyolo.export.report import ValidationReport
 from libreyolo.ops.boxes import box_iou
 from libreyolo.ops.letterbox import LetterboxMeta
+from libreyolo.results import decoded_predictions
 
 VALIDATION_CONF = 0.25
 
@@ -43,6 +45,44 @@ def sample_batch(family: Any, imgsz: int) -> tuple[torch.Tensor, list[LetterboxM
     from libreyolo.data.sources import load_sources
 
     return family.letterbox(imgsz)([load_sources(SAMPLE_IMAGE)[0].data])
+
+
+def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], names: tuple[str, ...],
+                   atol: float, rtol: float) -> tuple[dict[str, torch.Tensor], int]:
+    """The artifact's outputs with the rows (axis 1) of ``names`` put back in eager order where
+    they only traded places, and the largest number of rows moved in one image.
+
+    A row is moved only onto an eager row it matches within the allowance in every output of
+    ``names``; rows that match nothing stay where they are, so the comparison still fails them.
+    """
+    if not names or any(n not in ref or n not in got for n in names):
+        return got, 0
+    r = torch.cat([ref[n].detach().float().cpu().flatten(2) for n in names], -1)
+    g = torch.cat([got[n].detach().float().cpu().flatten(2) for n in names], -1)
+    if r.shape != g.shape or r.dim() != 3:
+        return got, 0
+    allowed = atol + rtol * r.abs()
+    out_of_place = ((r - g).abs() > allowed).any(-1)
+    order = torch.arange(r.shape[1]).repeat(r.shape[0], 1)
+    most = 0
+    for b in range(r.shape[0]):
+        rows = out_of_place[b].nonzero().flatten().tolist()
+        free, moved = list(rows), 0
+        for i in rows:
+            for j in free:
+                if bool(((r[b, i] - g[b, j]).abs() <= allowed[b, i]).all()):
+                    order[b, i] = j
+                    free.remove(j)
+                    moved += 1
+                    break
+        most = max(most, moved)
+    if not most:
+        return got, 0
+    batch = torch.arange(r.shape[0])[:, None]
+    aligned = dict(got)
+    for n in names:
+        aligned[n] = got[n][batch.to(got[n].device), order.to(got[n].device)]
+    return aligned, most
 
 
 def compare_outputs(ref: torch.Tensor, got: torch.Tensor, atol: float, rtol: float, min_cos: float) -> dict:
@@ -72,6 +112,11 @@ def _detection_conf(model: Any, sample: torch.Tensor, conf: float, wanted: int =
     with torch.inference_mode():
         out = model.family.named_outputs(model.net(sample.to(model.device, next(model.net.parameters()).dtype)))
     scores = out[name][:, 4:].float().flatten()
+    if not bool(torch.isfinite(out[name]).all()):
+        from libreyolo.export.base import ExportError
+
+        raise ExportError("the eager model itself outputs NaN or Inf on the sample image (overflowing or broken "
+                          "weights), so there is nothing valid to export or compare; nothing was written")
     if int((scores > conf).sum()) >= wanted or scores.numel() <= wanted:
         return conf
     return float(scores.topk(wanted).values[-1]) * 0.999
@@ -153,6 +198,30 @@ def match_detections(ref: dict, got: dict, *, conf: float, max_det: int, iou_min
             "max_conf_diff": max(dconf, default=0.0), "max_box_error": max(dbox, default=0.0), "passed": ok}
 
 
+def match_classes(ref: dict, got: dict, *, score_tol: float, k: int = 5, **_: Any) -> dict:
+    """Compare two classifications (``probs`` (nc,) each): the top-``k`` classes and all probabilities.
+
+    Passes when every probability is within ``score_tol`` and the top-``k`` class lists are equal,
+    except where the two classes at a position differ by at most ``score_tol`` in the eager
+    probabilities (a near-tie whose order one ulp decided). Detection arguments are ignored.
+    """
+    rp, gp = ref["probs"].float().cpu(), got["probs"].float().cpu()
+    if tuple(rp.shape) != tuple(gp.shape):
+        return {"kind": "classes", "eager": int(rp.numel()), "artifact": int(gp.numel()), "matched": 0,
+                "tie_swaps": 0, "identical": False, "min_iou": 1.0, "max_conf_diff": float("inf"), "passed": False}
+    k = min(k, int(rp.numel()))
+    r_top = torch.sort(rp, descending=True, stable=True).indices[:k]
+    g_top = torch.sort(gp, descending=True, stable=True).indices[:k]
+    same = r_top == g_top
+    ties = [j for j in torch.nonzero(~same).flatten().tolist()
+            if abs(float(rp[r_top[j]]) - float(rp[g_top[j]])) <= score_tol]
+    diff = float((rp - gp).abs().max()) if rp.numel() else 0.0
+    ok = len(ties) == int((~same).sum()) and diff <= score_tol and bool(torch.isfinite(gp).all())
+    return {"kind": "classes", "eager": k, "artifact": k, "matched": int(same.sum()), "tie_swaps": len(ties),
+            "identical": bool(same.all()), "min_iou": 1.0, "max_conf_diff": diff,
+            "top_eager": r_top.tolist(), "top_artifact": g_top.tolist(), "passed": ok}
+
+
 def _batches(probes: dict[str, torch.Tensor], size: int,
              count: int | None = None) -> list[tuple[list[str], torch.Tensor]]:
     """Probes packed into batches of ``size`` (cycling through them), each with its probe names."""
@@ -163,6 +232,15 @@ def _batches(probes: dict[str, torch.Tensor], size: int,
         pick = [names[(b * size + j) % len(names)] for j in range(size)]
         out.append((pick, torch.cat([probes[n] for n in pick])))
     return out
+
+
+def _progress(items: list, desc: str) -> Any:
+    """The validation inputs with a bar on stderr: on terminals only, and only once it takes a while."""
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="input", file=sys.stderr, disable=None, delay=2.0, leave=False)
 
 
 def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -> ValidationReport:
@@ -177,6 +255,9 @@ def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOp
     conf = max(VALIDATION_CONF, nms["conf"]) if nms else VALIDATION_CONF
     iou, max_det = (nms["iou"], nms["max_det"]) if nms else (0.45, 300)
     report = ValidationReport("passed", runtime=runtime.describe())
+    # how decoded predictions are compared is the family's declaration (detections, classes, ...)
+    module_name, _, attr = family.export.decoded_match.partition(":")
+    match_decoded = getattr(importlib.import_module(module_name), attr)
 
     sample, sample_metas = sample_batch(family, opts.imgsz)
     if not nms:
@@ -194,7 +275,7 @@ def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOp
 
     capped = 0
     art_sample = None
-    for picks, x in batches:
+    for picks, x in _progress(batches, f"validating {exporter.name}"):
         name = "+".join(dict.fromkeys(picks)) + (f" (batch {len(picks)})" if len(picks) > 1 else "")
         x_ref = x.to(model.device, next(model.net.parameters()).dtype)
         with torch.inference_mode():
@@ -203,8 +284,16 @@ def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOp
                 reference.output_names(), reference.nms(eager_named[family.export.nms_input], x_ref), strict=True))
         got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
         if nms is None:
+            compared, moved = align_row_sets(ref, got, family.export.row_sets, atol, rtol)
+            if moved:
+                report.notes.append(f"{name}: {moved} query row(s) traded places with a near-tied one (set "
+                                    f"prediction; at most {family.export.max_moved_rows} allowed)")
+                if moved > family.export.max_moved_rows:
+                    report.checks.append({"probe": name, "output": "+".join(family.export.row_sets),
+                                          "max_abs_error": float("inf"), "allowed": atol, "cosine": 0.0,
+                                          "passed": False, "shape": f"{moved} rows out of order"})
             for out_name, ref_t in ref.items():
-                check = compare_outputs(ref_t, got[out_name], atol, rtol, min_cos)
+                check = compare_outputs(ref_t, compared[out_name], atol, rtol, min_cos)
                 report.checks.append({"probe": name, "output": out_name, **check})
         # decoded: eager postprocessing of eager outputs against the artifact's own decoder
         plain = LetterboxMeta((x.shape[2], x.shape[3]), 1.0, (0.0, 0.0))
@@ -218,7 +307,7 @@ def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOp
                 eager = [t if bool(o > nms["topk"]) else e for e, t, o in zip(eager, within_topk, over, strict=True)]
                 capped += int((over > nms["topk"]).sum())
         for k, (e, a) in enumerate(zip(eager, art, strict=True)):
-            m = match_detections(e, a, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
+            m = match_decoded(e, a, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
             report.detections.append({"probe": picks[k] + (f" (batch {len(picks)})" if len(picks) > 1 else ""), **m})
         if art_sample is None and picks[0] == "sample":
             art_sample = art[0]
@@ -229,8 +318,8 @@ def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOp
 
     if art_sample is not None:
         r = runtime.predict(SAMPLE_IMAGE, imgsz=opts.imgsz, conf=conf, iou=iou, max_det=max_det)
-        got = {"xyxy": r.boxes.xyxy, "conf": r.boxes.conf, "cls": r.boxes.cls}
-        m = match_detections(art_sample, got, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
+        got = decoded_predictions(family.task, r)
+        m = match_decoded(art_sample, got, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
         report.detections.append({"probe": "predict(sample) vs artifact decode", **m})
     if nms:
         report.notes.append("embedded NMS outputs are compared as detection sets (rows of tied scores may swap)")

@@ -12,6 +12,7 @@ from libreyolo.graphs.runner import (
     DEFAULT_MAX_GRAPHS,
     GraphCaptureError,
     GraphNotSupportedError,
+    GraphProgram,
     GraphRunner,
     GraphUnavailableError,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "GraphBackend",
     "GraphCaptureError",
     "GraphNotSupportedError",
+    "GraphProgram",
     "GraphRunner",
     "GraphUnavailableError",
 ]

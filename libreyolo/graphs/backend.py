@@ -15,7 +15,11 @@ from typing import Any, Protocol
 
 import torch
 
-GraphFn = Callable[[torch.Tensor], torch.Tensor]
+GraphFn = Callable[[Any], torch.Tensor]  # takes a tensor, or a tuple of tensors for several inputs
+
+
+def _first(static_input: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return static_input[0] if isinstance(static_input, tuple) else static_input
 
 
 class Fence(Protocol):
@@ -28,14 +32,17 @@ class Fence(Protocol):
 
 class GraphBackend(Protocol):
     name: str
+    # True when replays are real CUDA graphs: then a captured function must never wait for the
+    # device (the whole-pipeline graph is only offered where its postprocessing is capture-safe)
+    real: bool
 
     def unavailable(self, device: torch.device) -> str | None:
         """Why graphs cannot run for tensors on ``device``, or None."""
 
     def new_pool(self, device: torch.device) -> Any: ...
 
-    def capture(self, fn: GraphFn, static_input: torch.Tensor, pool: Any) -> tuple[Any, torch.Tensor]:
-        """Warm up, capture ``fn(static_input)``; return (graph, static output)."""
+    def capture(self, fn: GraphFn, static_input: Any, pool: Any) -> tuple[Any, torch.Tensor]:
+        """Warm up, capture ``fn(static_input)`` (a tensor, or a tuple of them); return (graph, static output)."""
 
     def replay(self, graph: Any) -> None: ...
 
@@ -95,6 +102,7 @@ class CudaGraphBackend:
     """``torch.cuda.CUDAGraph`` capture with a side-stream warm-up and thread-local error mode."""
 
     name = "cuda"
+    real = True
 
     def __init__(self, warmup: int = 2) -> None:
         self.warmup = warmup
@@ -110,8 +118,8 @@ class CudaGraphBackend:
         with torch.cuda.device(device):
             return torch.cuda.graph_pool_handle()
 
-    def capture(self, fn: GraphFn, static_input: torch.Tensor, pool: Any) -> tuple[Any, torch.Tensor]:
-        device = static_input.device
+    def capture(self, fn: GraphFn, static_input: Any, pool: Any) -> tuple[Any, torch.Tensor]:
+        device = _first(static_input).device
         with torch.cuda.device(device), _autocast_without_cache("cuda"):
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -175,6 +183,7 @@ class EmulatedGraphBackend:
     """
 
     name = "emulated"
+    real = False
 
     def __init__(self, *, fail_when: Callable[[torch.Tensor], bool] | None = None,
                  on_replay: Callable[[Any], None] | None = None, yield_gil: bool = True) -> None:
@@ -196,15 +205,15 @@ class EmulatedGraphBackend:
         self.pools += 1
         return self.pools
 
-    def capture(self, fn: GraphFn, static_input: torch.Tensor, pool: Any) -> tuple[_EmulatedGraph, torch.Tensor]:
+    def capture(self, fn: GraphFn, static_input: Any, pool: Any) -> tuple[_EmulatedGraph, torch.Tensor]:
         with self._lock:
             self.capture_attempts += 1
         if self.fail_when is not None and self.fail_when(static_input):
-            raise RuntimeError(f"emulated capture failure for shape {tuple(static_input.shape)}")
+            raise RuntimeError(f"emulated capture failure for shape {tuple(_first(static_input).shape)}")
         fn(static_input)  # warm-up, as the CUDA backend does
         static_output = fn(static_input)
         with self._lock:
-            self.captures.append(tuple(static_input.shape))
+            self.captures.append(tuple(_first(static_input).shape))
         return _EmulatedGraph(fn, static_input, static_output), static_output
 
     def replay(self, graph: _EmulatedGraph) -> None:

@@ -12,6 +12,19 @@ A family may set ``SUPPORTS_CUDA_GRAPH = True`` only if every check passes for e
 - ``fp16``: the same after ``half()`` (CUDA only);
 - ``invalidation``: ``half()`` then ``float()`` drops the graphs, and the recapture is exact.
 
+A family may set ``SUPPORTS_PIPELINE_GRAPH = True`` (one graph from the letterboxed batch to
+padded detections: forward, decoding, candidate selection, NMS) only if, in addition, every
+``pipeline_*`` check passes. Each compares the graph's padded output with the same function run
+eagerly, and its per-image detections with what eager ``predict()`` computes (the forward, then
+the family's ``postprocess``), all bit for bit:
+
+- ``pipeline_probes``: the four probes through one graph, each with its own ``conf`` (chosen
+  from the eager scores so that about a thousand pairs pass: never vacuous; a run where no
+  probe gives a detection fails), so thresholds written before a replay are honoured;
+- ``pipeline_thresholds``: one input with other ``conf``/``iou``/``classes``: no recapture;
+- ``pipeline_second_replay``, ``pipeline_interleaved``, ``pipeline_batch2`` (two images with
+  different letterbox placements), ``pipeline_fp16`` (CUDA only): as above.
+
 Equality is bit-for-bit (:func:`bit_equal`), never a tolerance; a probe whose eager output is
 not finite fails, since NaN parity proves nothing. Weights are seeded, so runs repeat.
 
@@ -34,6 +47,8 @@ import torch
 
 CHECKS = ("eager_deterministic", "probe_uniform", "probe_normal", "probe_ramps", "probe_image", "second_replay",
           "outputs_kept", "interleaved", "batch2", "fp16", "invalidation")
+PIPELINE_CHECKS = ("pipeline_probes", "pipeline_thresholds", "pipeline_second_replay", "pipeline_interleaved",
+                   "pipeline_batch2", "pipeline_fp16")
 
 
 CALIBRATION_SIZE = 256  # large enough that the stride-32 maps are 8x8, small enough for a CPU
@@ -212,19 +227,20 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
         pb = probes(family, small, batch=2, device=device, seed=seed + 1)
         xb = torch.cat([pb["image"][:1], pb["normal"][1:]])
         record("batch2", *_equal(graph(xb), eager(xb)))
+        _pipeline_checks(model, p, big, small, record)
 
-        before = model.graph_info()["invalidations"]
         if device.type == "cuda":
-            model.half()
+            model.half()  # selects the float16 inference copy; the master stays float32
             ph = {n: x.half() for n, x in p[small].items()}
             checks = [_equal(graph(ph[n]), eager(ph[n])) for n in ("image", "normal", "image")]
             record("fp16", all(ok for ok, _ in checks), "; ".join(d for _, d in checks if d))
         else:
             record("fp16", None, "fp16 needs CUDA")
-            model.net.double()  # any dtype round trip moves every tensor
+        before = model.graph_info()["invalidations"]
+        model.net.double()  # a dtype round trip of the master moves every tensor: its copies go stale
         model.float()
         moved = model.graph_info()["invalidations"] > before
-        # the precision round trip rounded the weights: compare with eager on the new weights
+        # compare with eager on the weights as they are now
         ok, detail = _equal(graph(p[big]["image"]), eager(p[big]["image"]))
         record("invalidation", moved and ok,
                detail or ("" if moved else "graphs were not dropped after a dtype change"))
@@ -237,6 +253,75 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def _pipeline_checks(model, p: dict[int, dict[str, torch.Tensor]], big: int, small: int,
+                     record: Callable[..., None]) -> None:
+    """The ``pipeline_*`` rows (module docstring); nothing for a family without ``device_postprocess()``."""
+    from libreyolo.ops.letterbox import LetterboxMeta
+
+    family = model.family
+    post = family.device_postprocess()
+    if post is None:
+        return
+    found = [0]
+
+    def metas_of(x: torch.Tensor) -> list[LetterboxMeta]:
+        # different source sizes and placements per image, so mapping and clipping differ
+        size = x.shape[-1]
+        return [LetterboxMeta((size - 24 * i - 8, size - 16 * i), 1.0 - 0.25 * i, (4.0 * i, 2.0 * i))
+                for i in range(x.shape[0])]
+
+    def conf_for(x: torch.Tensor) -> float:
+        scores = model._forward(x)[family.export.nms_input or next(iter(family.export.output_names))]
+        flat = scores[:, 4:].float().flatten()
+        return float(flat.topk(min(1000, flat.numel())).values[-1]) * 0.999
+
+    def same(x: torch.Tensor, **kw: Any) -> tuple[bool, str]:
+        metas = metas_of(x)
+        graphed = model._pipeline_forward(x, metas, True, **kw)
+        eager_padded = model._pipeline_forward(x, metas, False, **kw)
+        ok, detail = _equal(graphed, eager_padded)
+        got = post.read(graphed)
+        want = family.postprocess(model._forward(x), metas, **kw)  # what eager predict() computes
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            found[0] += int(w["conf"].shape[0])
+            bad = [k for k in w if not bit_equal(g[k], w[k])]
+            if bad:
+                ok, detail = False, f"{detail}; image {i}: {bad} differ from eager predict".lstrip("; ")
+        return ok, detail
+
+    def run(name: str, calls: list[tuple[torch.Tensor, dict]]) -> None:
+        try:
+            checks = [same(x, **kw) for x, kw in calls]
+            record(name, all(ok for ok, _ in checks), "; ".join(d for _, d in checks if d))
+        except Exception as exc:  # noqa: BLE001 - a crash fails this row only
+            record(name, False, f"{type(exc).__name__}: {exc}"[:500])
+
+    base = {"iou": 0.45, "max_det": 300}
+    probes_big = [(p[big][n], {**base, "conf": conf_for(p[big][n])}) for n in ("uniform", "normal", "ramps", "image")]
+    before = model.graph_info()["captures"]
+    run("pipeline_probes", probes_big)
+    if not found[0]:
+        record("pipeline_probes", False, "no probe gave a detection: parity would be vacuous")
+    x, kw = probes_big[-1]
+    variants = [{**kw, "iou": 0.3}, {**kw, "conf": kw["conf"] * 1.5, "iou": 0.7},
+                {**kw, "classes": list(range(0, 80, 3))}]
+    run("pipeline_thresholds", [(x, v) for v in variants])
+    graphs = [g for g in model.graph_info()["graphs"] if g.get("program") == "pipeline"]
+    if len(graphs) != 1 or model.graph_info()["captures"] - before != 1:
+        record("pipeline_thresholds", False, f"{len(graphs)} pipeline graphs after new thresholds (want 1)")
+    run("pipeline_second_replay", [probes_big[1], probes_big[3], probes_big[0]])
+    small_calls = [(p[small][n], {**base, "conf": conf_for(p[small][n])}) for n in ("image", "uniform")]
+    run("pipeline_interleaved", [small_calls[0], probes_big[2], small_calls[1], probes_big[3]])
+    pb = probes(family, small, batch=2, device=p[small]["image"].device, seed=5)
+    xb = torch.cat([pb["image"][:1], pb["ramps"][1:]])
+    run("pipeline_batch2", [(xb, {**base, "conf": conf_for(xb)})])
+    if x.device.type == "cuda":
+        run("pipeline_fp16", [(xh, {**kw, "conf": conf_for(xh)}) for xh, kw in
+                              ((p[small][n].half(), base) for n in ("image", "normal"))])
+    else:
+        record("pipeline_fp16", None, "fp16 needs CUDA")
 
 
 def environment() -> dict[str, Any]:
@@ -271,8 +356,13 @@ def run_matrix(families: Sequence[str] | None = None, sizes: Sequence[str] | Non
                 f"({time.perf_counter() - t0:.1f} s)")
             fam_rows += got
         rows += fam_rows
-        verified = bool(fam_rows) and all(r["result"] != "fail" for r in fam_rows)
-        verdict[name] = {"task": fam.task, "declared": bool(fam.SUPPORTS_CUDA_GRAPH), "verified": verified}
+        forward = [r for r in fam_rows if not r["check"].startswith("pipeline_")]
+        pipeline = [r for r in fam_rows if r["check"].startswith("pipeline_")]
+        verified = bool(forward) and all(r["result"] != "fail" for r in forward)
+        verdict[name] = {"task": fam.task, "declared": bool(fam.SUPPORTS_CUDA_GRAPH), "verified": verified,
+                         "pipeline_declared": bool(getattr(fam, "SUPPORTS_PIPELINE_GRAPH", False)),
+                         "pipeline_verified": verified and any(r["result"] == "pass" for r in pipeline)
+                         and all(r["result"] != "fail" for r in pipeline)}
     return {"schema": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
             "backend": "emulated" if backend_factory else "cuda", "device": str(device), "imgsz": list(imgszs),
             "seed": seed, "environment": environment(), "families": verdict, "rows": rows}
@@ -289,7 +379,7 @@ def to_markdown(matrix: dict) -> str:
              "or not run here (skip). Checks are described in `libreyolo/graphs/parity.py`.", ""]
     if matrix["backend"] != "cuda":
         lines += ["**Emulated backend: this verifies the harness only, not CUDA graphs.**", ""]
-    checks = [c for c in CHECKS if any(r["check"] == c for r in matrix["rows"])]
+    checks = [c for c in CHECKS + PIPELINE_CHECKS if any(r["check"] == c for r in matrix["rows"])]
     checks += sorted({r["check"] for r in matrix["rows"]} - set(checks))
     mark = {"pass": "pass", "fail": "FAIL", "skip": "skip"}
     lines.append("| family | size | task | " + " | ".join(checks) + " |")
@@ -299,9 +389,11 @@ def to_markdown(matrix: dict) -> str:
         cells.setdefault((r["family"], r["size"], r["task"]), {})[r["check"]] = mark[r["result"]]
     for (fam, size, task), got in cells.items():
         lines.append(f"| {fam} | {size} | {task} | " + " | ".join(got.get(c, "") for c in checks) + " |")
-    lines += ["", "| family | SUPPORTS_CUDA_GRAPH | verified here |", "|---|---|---|"]
+    lines += ["", "| family | SUPPORTS_CUDA_GRAPH | verified here | SUPPORTS_PIPELINE_GRAPH | pipeline verified here |",
+              "|---|---|---|---|---|"]
     for fam, v in matrix["families"].items():
-        lines.append(f"| {fam} | {v['declared']} | {'yes' if v['verified'] else 'NO'} |")
+        lines.append(f"| {fam} | {v['declared']} | {'yes' if v['verified'] else 'NO'} | "
+                     f"{v.get('pipeline_declared', False)} | {'yes' if v.get('pipeline_verified') else 'NO'} |")
     failed = [r for r in matrix["rows"] if r["result"] == "fail"]
     if failed:
         lines += ["", "Failures:", ""] + [f"- {r['family']}-{r['size']} {r['check']}: {r['detail']}" for r in failed]
@@ -326,7 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         factory, device = EmulatedGraphBackend, "cpu"
     elif not torch.cuda.is_available():
-        print("no CUDA device: the parity matrix needs a GPU (use --emulate to check the harness on the CPU)")
+        print("no CUDA device: the parity matrix needs a GPU (use --emulate to check the harness on the CPU)",
+              file=sys.stderr)
         return 2
     matrix = run_matrix(args.family, args.sizes, device=device, imgszs=args.imgsz, seed=args.seed,
                         backend_factory=factory)
@@ -338,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         args.md.write_text(md)
     print(md)
-    return 0 if all(v["verified"] for v in matrix["families"].values()) else 1
+    return 0 if all(v["verified"] and (v["pipeline_verified"] or not v["pipeline_declared"])
+                    for v in matrix["families"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """One CUDA graph per input key: capture on demand, replay, copy out, evict, invalidate.
 
 A :class:`GraphRunner` wraps ``fn(batch) -> {name: tensor}`` (a family's network forward)
-for one module. Keys, locks and memory:
+for one module; other :class:`GraphProgram` s over the same module (the whole detection
+pipeline: forward, decoding, candidate selection and NMS) run through the same runner, with
+several inputs and options that are part of the key. Keys, locks and memory:
 
-- **Key**: input shape, strides, dtype and device; the autocast state (enabled + dtype) of
-  the input's device type; grad mode and inference mode; the module's identity and its
-  ``training`` flag. Anything that changes which kernels run, or what they read, is in the key.
+- **Key**: the program and its options; every input's shape, strides, dtype and device; the
+  autocast state (enabled + dtype) of the input's device type; grad mode and inference mode;
+  the module's identity and its ``training`` flag. Anything that changes which kernels run, or
+  what they read, is in the key.
   The module's weights are not: they are watched (:mod:`libreyolo.graphs.watch`) and any move
   drops every graph of this runner. On a hit the check runs right *after* the replay is
   launched, so its host time (one ``data_ptr`` per tensor) overlaps the device's work; a
@@ -47,7 +50,7 @@ from libreyolo.graphs.watch import WeightWatch
 
 AUTO_CAPTURE_AT = 2       # cuda_graph="auto" captures a key the 2nd time it is seen
 DEFAULT_MAX_GRAPHS = 16
-INFO_SCHEMA = 1
+INFO_SCHEMA = 2  # 2: graphs name their program (and options); graph_info() reports the pipeline
 _CAPTURE_LOCK = threading.Lock()
 
 
@@ -63,11 +66,24 @@ class GraphUnavailableError(ArgumentError):
     """``cuda_graph=True`` was asked for where graphs cannot run (no CUDA, model on the CPU)."""
 
 
+@dataclass(frozen=True, eq=False)
+class GraphProgram:
+    """What a graph runs: ``fn(*inputs) -> {name: tensor}``, named by ``name`` and ``options``.
+
+    ``name`` and ``options`` (a tuple of ``(key, value)`` pairs, hashable) are part of every
+    graph key: two programs with the same name and options must compute the same function.
+    """
+
+    name: str
+    fn: Callable[..., dict[str, torch.Tensor]]
+    options: tuple[tuple[str, Any], ...] = ()
+
+
 @dataclass(eq=False)
 class _Entry:
     key: tuple
     graph: Any
-    static_input: torch.Tensor
+    static_inputs: tuple[torch.Tensor, ...]
     static_output: torch.Tensor
     layout: OutputLayout
     fence: Fence
@@ -75,12 +91,22 @@ class _Entry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     replays: int = 0
 
+    @property
+    def static_input(self) -> torch.Tensor:
+        return self.static_inputs[0]
+
 
 def describe_key(key: tuple) -> dict[str, Any]:
-    shape, _stride, dtype, device, autocast, grad, inference, training, _module = key
-    return {"shape": list(shape), "dtype": dtype_name(dtype), "device": str(device),
-            "autocast": None if autocast is None else dtype_name(autocast),
-            "grad_enabled": grad, "inference_mode": inference, "training": training}
+    program, options, inputs, autocast, grad, inference, training, _module = key
+    shape, _stride, dtype, device = inputs[0]
+    d = {"shape": list(shape), "dtype": dtype_name(dtype), "device": str(device),
+         "autocast": None if autocast is None else dtype_name(autocast),
+         "grad_enabled": grad, "inference_mode": inference, "training": training, "program": program}
+    if options:
+        d["options"] = dict(options)
+    if len(inputs) > 1:
+        d["inputs"] = [{"shape": list(i[0]), "dtype": dtype_name(i[2])} for i in inputs]
+    return d
 
 
 def _short(key: tuple) -> str:
@@ -95,6 +121,7 @@ class GraphRunner:
                  backend: GraphBackend | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
         self.module = module
         self.fn = fn
+        self.forward = GraphProgram("forward", fn)
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
         self._max_graphs = _check_max_graphs(max_graphs)
         self._watch = WeightWatch(module)
@@ -124,11 +151,17 @@ class GraphRunner:
             self._evict_over_limit()
 
     # --- the call ------------------------------------------------------------------------
-    def __call__(self, x: torch.Tensor, mode: bool | str = True) -> dict[str, torch.Tensor]:
-        """Run ``fn(x)`` from a graph. ``mode``: True (capture on first sight) or "auto" (on 2nd)."""
+    def __call__(self, x: torch.Tensor | tuple[torch.Tensor, ...], mode: bool | str = True,
+                 program: GraphProgram | None = None) -> dict[str, torch.Tensor]:
+        """Run ``program`` (default: ``fn``) on ``x`` (a tensor or a tuple of tensors) from a graph.
+
+        ``mode``: True (capture on first sight) or "auto" (on 2nd); False runs it eagerly.
+        """
+        program = program or self.forward
+        x = x if isinstance(x, tuple) else (x,)
         if mode is False:
-            return self.fn(x)
-        why_not = self.backend.unavailable(x.device)
+            return program.fn(*x)
+        why_not = self.backend.unavailable(x[0].device)
         if why_not is not None:
             if mode is True:
                 raise GraphUnavailableError(
@@ -138,11 +171,12 @@ class GraphRunner:
             if self._table:
                 self.check_weights()  # e.g. moved to the CPU: free the graphs and the pinned GPU weights
             self._note_fallback(why_not)
-            return self.fn(x)
-        return self._run(x, mode, retry=True)
+            return program.fn(*x)
+        return self._run(program, x, mode, retry=True)
 
-    def _run(self, x: torch.Tensor, mode: bool | str, retry: bool) -> dict[str, torch.Tensor]:
-        key = self._key(x)
+    def _run(self, program: GraphProgram, x: tuple[torch.Tensor, ...], mode: bool | str,
+             retry: bool) -> dict[str, torch.Tensor]:
+        key = self._key(program, x)
         with self._lock:
             entry = self._table.get(key)
             if entry is not None:
@@ -150,8 +184,8 @@ class GraphRunner:
             epoch = self._epoch
         if entry is None:
             self.check_weights()  # capture (or run eagerly) against the weights as they are now
-            entry = self._entry(key, x, mode)
-            return self.fn(x) if entry is None else self._replay(entry, x)
+            entry = self._entry(key, program, x, mode)
+            return program.fn(*x) if entry is None else self._replay(entry, x)
         out = self._replay(entry, x)
         # The weight check runs after the launch, so its host time overlaps the device's work.
         # A graph whose weights moved before this replay read the old weights (pinned by the
@@ -160,25 +194,30 @@ class GraphRunner:
             self.check_weights()
         if self._epoch == epoch:
             return out
-        return self._run(x, mode, retry=False) if retry else self.fn(x)
+        return self._run(program, x, mode, retry=False) if retry else program.fn(*x)
 
-    def capture(self, x: torch.Tensor) -> dict[str, Any]:
+    def capture(self, x: torch.Tensor | tuple[torch.Tensor, ...],
+                program: GraphProgram | None = None) -> dict[str, Any]:
         """Capture ``x``'s key now (no-op if present); returns that graph's info."""
-        why_not = self.backend.unavailable(x.device)
+        program = program or self.forward
+        x = x if isinstance(x, tuple) else (x,)
+        why_not = self.backend.unavailable(x[0].device)
         if why_not is not None:
             raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
         self.check_weights()
-        entry = self._entry(self._key(x), x, True)
+        entry = self._entry(self._key(program, x), program, x, True)
         assert entry is not None  # mode True raises instead of returning None
         return self._describe(entry)
 
-    def _key(self, x: torch.Tensor) -> tuple:
-        dev = x.device.type
+    def _key(self, program: GraphProgram, x: tuple[torch.Tensor, ...]) -> tuple:
+        dev = x[0].device.type
         autocast = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-        return (tuple(x.shape), x.stride(), x.dtype, x.device, autocast, torch.is_grad_enabled(),
+        inputs = tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in x)
+        return (program.name, program.options, inputs, autocast, torch.is_grad_enabled(),
                 torch.is_inference_mode_enabled(), self.module.training, id(self.module))
 
-    def _entry(self, key: tuple, x: torch.Tensor, mode: bool | str) -> _Entry | None:
+    def _entry(self, key: tuple, program: GraphProgram, x: tuple[torch.Tensor, ...],
+               mode: bool | str) -> _Entry | None:
         with self._lock:
             entry = self._table.get(key)
             if entry is not None:
@@ -186,7 +225,7 @@ class GraphRunner:
                 return entry
             if not self._may_capture(key, mode):
                 return None
-        return self._capture(key, x, mode)
+        return self._capture(key, program, x, mode)
 
     def _may_capture(self, key: tuple, mode: bool | str) -> bool:
         """Under the table lock: False means run eager; raises for a failed key under True."""
@@ -207,7 +246,8 @@ class GraphRunner:
                 return False
         return True
 
-    def _capture(self, key: tuple, x: torch.Tensor, mode: bool | str) -> _Entry | None:
+    def _capture(self, key: tuple, program: GraphProgram, x: tuple[torch.Tensor, ...],
+                 mode: bool | str) -> _Entry | None:
         with _CAPTURE_LOCK:
             with self._lock:  # another thread may have captured (or failed) this key meanwhile
                 entry = self._table.get(key)
@@ -216,17 +256,20 @@ class GraphRunner:
                     return entry
                 if key in self._failed and not self._may_capture(key, mode):
                     return None
-                pool = self._pools.get(x.device)
+                device = x[0].device
+                pool = self._pools.get(device)
                 if pool is None:
-                    pool = self._pools[x.device] = self.backend.new_pool(x.device)
-                fence = self._fences.get(x.device)
+                    pool = self._pools[device] = self.backend.new_pool(device)
+                fence = self._fences.get(device)
                 if fence is None:
-                    fence = self._fences[x.device] = self.backend.fence(x.device)
-            static_input = torch.empty_like(x).copy_(x)
-            packer = _Packer(self.fn)
+                    fence = self._fences[device] = self.backend.fence(device)
+            static_inputs = tuple(torch.empty_like(t).copy_(t) for t in x)
+            packer = _Packer(program.fn)
             start = time.perf_counter()
             try:
-                graph, static_output = self.backend.capture(packer, static_input, pool)
+                # a single-input program sees its tensor, as backends and their tests expect
+                graph, static_output = self.backend.capture(
+                    packer, static_inputs[0] if len(static_inputs) == 1 else static_inputs, pool)
             except Exception as exc:  # noqa: BLE001 - any capture failure is recorded for this key only
                 reason = f"{type(exc).__name__}: {exc}"
                 with self._lock:
@@ -239,7 +282,7 @@ class GraphRunner:
                         "cuda_graph=False") from exc
                 self._note_fallback(f"capture failed for {_short(key)}: {reason}")
                 return None
-            entry = _Entry(key, graph, static_input, static_output, packer.layout, fence,
+            entry = _Entry(key, graph, static_inputs, static_output, packer.layout, fence,
                            (time.perf_counter() - start) * 1e3)
             with self._lock:
                 self._watch.pin()  # a graph now reads these storages: keep them alive (see _run)
@@ -249,12 +292,13 @@ class GraphRunner:
                 self._evict_over_limit()
             return entry
 
-    def _replay(self, entry: _Entry, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _replay(self, entry: _Entry, x: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
         fence = entry.fence
         with entry.lock:
             stream = fence.current()
             fence.join(stream)  # a replay of this graph on another stream is done reading the input
-            entry.static_input.copy_(x)
+            for static, value in zip(entry.static_inputs, x, strict=True):
+                static.copy_(value)
             with self._replay_lock:
                 fence.join(stream)
                 self.backend.replay(entry.graph)
@@ -347,12 +391,12 @@ class GraphRunner:
 class _Packer:
     """The captured function: ``fn``'s outputs packed into one tensor (see outputs.py)."""
 
-    def __init__(self, fn: Callable[[torch.Tensor], dict[str, torch.Tensor]]) -> None:
+    def __init__(self, fn: Callable[..., dict[str, torch.Tensor]]) -> None:
         self.fn = fn
         self.layout: OutputLayout | None = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        outputs = self.fn(x)
+    def __call__(self, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        outputs = self.fn(*x) if isinstance(x, tuple) else self.fn(x)
         self.layout = OutputLayout(outputs)
         return self.layout.pack(outputs)
 

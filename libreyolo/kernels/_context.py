@@ -11,7 +11,7 @@ import os
 
 import torch
 
-__all__ = ["capturing_for_export", "compiling", "env_disabled", "eager_only_ok"]
+__all__ = ["capturing_for_export", "compiling", "env_disabled", "eager_only_ok", "export_capture_reasons"]
 
 _FALSE_WORDS = frozenset({"0", "false", "off", "no"})
 
@@ -30,6 +30,23 @@ def capturing_for_export() -> bool:
         return True
     is_exporting = getattr(torch.compiler, "is_exporting", None)
     return bool(is_exporting is not None and is_exporting())
+
+
+def export_capture_reasons() -> tuple[str, ...]:
+    """The predicates that report an export capture right now, by name (empty when none does).
+
+    The same checks as :func:`capturing_for_export`, all evaluated, so that a slot that declines
+    can say why (see ``libreyolo.kernels.attention.record_attention``).
+    """
+    reasons = []
+    if torch.jit.is_tracing():
+        reasons.append("torch.jit.is_tracing()")
+    if torch.onnx.is_in_onnx_export():
+        reasons.append("torch.onnx.is_in_onnx_export()")
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    if is_exporting is not None and is_exporting():
+        reasons.append("torch.compiler.is_exporting()")
+    return tuple(reasons)
 
 
 def compiling() -> bool:

@@ -27,7 +27,11 @@ class ExportContract:
     input_name: str = "images"
     input_layout: str = "NCHW"  # float32 RGB in [0, 1]
     input_color: str = "RGB"
-    input_scale: float = 1.0 / 255.0  # network input = 8-bit pixel * input_scale (no mean/std)
+    input_scale: float = 1.0 / 255.0  # network input = 8-bit pixel * input_scale (then mean/std, if any)
+    # True: the network input is the 8-bit image times input_scale, so image-typed inputs
+    # (CoreML ImageType) carry it exactly; False: a normalised float tensor (the preprocessor
+    # applies a per-channel mean/std), fed to every format as a tensor
+    image_input: bool = True
     output_names: tuple[str, ...] = ("predictions",)
     # axes of each output that follow the input's dynamic axes: {output: {axis: name}}
     output_axes: dict[str, dict[int, str]] = field(
@@ -47,6 +51,19 @@ class ExportContract:
     # "module:attribute" of the decoder that turns the NMS outputs into detections at predict time
     nms_input: str | None = None
     nms_decoder: str = "libreyolo.export.nms:EmbeddedNmsDecoder"
+    # outputs whose size along one axis follows the number of classes: {output: (axis, offset)}
+    # meaning shape[axis] == nc + offset; runtimes check an artifact's 'nc' against its graph
+    class_axes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # "module:attribute" of the function that compares decoded predictions (the dicts the
+    # family's postprocess returns) of eager and artifact during validation; it returns a dict
+    # with at least "passed" (see libreyolo.export.validate: match_detections, match_classes)
+    decoded_match: str = "libreyolo.export.validate:match_detections"
+    # outputs whose axis 1 holds one row per query of a set prediction (DETR): rows of these
+    # outputs are compared jointly, and rows that only traded places between eager and artifact
+    # (a near-tie in the top-k query selection decided by one ulp) are matched before comparing,
+    # at most ``max_moved_rows`` per image
+    row_sets: tuple[str, ...] = ()
+    max_moved_rows: int = 0
 
     def thresholds(self, fmt: str, precision: str) -> tuple[float, float, float]:
         """(atol, rtol, min cosine) for one format and precision."""
@@ -71,6 +88,16 @@ class Family:
     extra_meta: ClassVar[dict[str, Any]] = {}
     export: ClassVar[ExportContract] = ExportContract()
     SUPPORTS_CUDA_GRAPH: ClassVar[bool] = False
+    # one CUDA graph from the letterboxed batch to padded detections (forward + device_postprocess);
+    # set only once the pipeline parity check passes (libreyolo.graphs.parity, docs/graphs.md)
+    SUPPORTS_PIPELINE_GRAPH: ClassVar[bool] = False
+    # state-dict key whose first dimension is the number of classes: a checkpoint's 'nc' is
+    # checked against it before the network is built (None: no such check for this family)
+    nc_key: ClassVar[str | None] = None
+    # state-dict keys whose values may hold +/-inf by design (e.g. the anchor table of DETR
+    # families marks invalid anchors with inf): the finite-weights check of checkpoint loading
+    # skips their infinities (NaN is never accepted)
+    infinite_ok_keys: ClassVar[tuple[str, ...]] = ()
 
     # --- network ---------------------------------------------------------------------
     def build(self, size: str, nc: int) -> nn.Module:
@@ -84,12 +111,49 @@ class Family:
         """Network outputs as {output name: tensor}; what postprocessing consumes."""
         return dict(zip(self.export.output_names, self.export_outputs(outputs), strict=True))
 
+    def default_imgsz_for(self, size: str) -> int:
+        """The input size of a ``size`` model whose checkpoint or YAML does not say (default: ``default_imgsz``)."""
+        return self.default_imgsz
+
+    def finite_check_view(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` without the ``infinite_ok_keys`` entries whose only non-finite values are infinities."""
+        if not self.infinite_ok_keys:
+            return state
+        return {k: v for k, v in state.items()
+                if not (k in self.infinite_ok_keys and isinstance(v, torch.Tensor) and not bool(v.isnan().any()))}
+
+    def state_nc(self, state: dict[str, Any]) -> int | None:
+        """The number of classes a state dict's head was trained for, if the family declares ``nc_key``."""
+        t = state.get(self.nc_key) if self.nc_key else None
+        return int(t.shape[0]) if isinstance(t, torch.Tensor) and t.ndim >= 1 else None
+
     # --- pre/post ----------------------------------------------------------------------
     def letterbox(self, imgsz: int) -> Letterbox:
+        """The family's preprocessor for one input size (detectors letterbox, classifiers
+        resize + crop, see :class:`libreyolo.ops.classify.ResizeCrop`). Whatever it returns is
+        called as ``pre(images, dtype=..., out=None) -> (batch, metas)`` and has ``size``,
+        ``neutral_input`` (a network input value for a blank image) and ``describe()`` (the
+        dict stored in an artifact's metadata and checked by the runtimes)."""
         return Letterbox(imgsz)
+
+    def check_imgsz(self, value: Any) -> int:
+        """The input size to run at, or an ArgumentError saying what is allowed (default: a
+        multiple of ``stride``). Families with a fixed input size override this."""
+        from libreyolo.engine.predictor import check_imgsz
+
+        return check_imgsz(value, self.stride)
 
     def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], **kw: Any) -> list[dict]:
         raise NotImplementedError(f"family {self.name!r} does not define postprocess()")
+
+    def device_postprocess(self) -> Any:
+        """The fixed-shape, sync-free form of :meth:`postprocess` a whole-pipeline CUDA graph captures,
+        or None. It has ``params(metas, conf=, iou=, nc=, classes=, device=) -> tensor`` (everything
+        per call that is not a shape), ``__call__(outputs, params, max_det=, max_nms=) -> {name:
+        tensor}`` (the captured stage), ``read(padded) -> list[dict]`` (what :meth:`postprocess`
+        returns) and ``capture_safe(device) -> str | None``; see
+        :class:`libreyolo.ops.postprocess.DetectPostprocess`."""
+        return None
 
     # --- names -------------------------------------------------------------------------
     def match_filename(self, stem: str) -> str | None:

@@ -9,6 +9,7 @@ within one grey level.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,10 +49,54 @@ class Letterbox:
     size: int
     pad_value: float = 114.0
     placement: str = "topleft"
+    # "bilinear": half-pixel bilinear in float, rounded to whole grey levels (OpenCV-like); or an
+    # 8-bit-exact method of :func:`libreyolo.ops.stretch.resize_u8` (e.g. "pil-bilinear", Pillow's
+    # antialiased filter), for which float inputs are first quantised to 8 bit
+    resize: str = "bilinear"
+    # the resized side: round(side * ratio) ("round") or int(side * ratio) ("floor")
+    size_rounding: str = "round"
+    # the network input: channel order, and the 0..255 pixel divided by ``divisor``
+    # (255: [0, 1]; 1: raw 0..255 values, as YOLOX checkpoints were trained on)
+    channels: str = "RGB"
+    divisor: float = 255.0
+
+    def __post_init__(self) -> None:
+        from libreyolo.ops.stretch import METHODS
+
+        if self.resize not in ("bilinear", *METHODS):
+            raise ValueError(f"letterbox resize must be 'bilinear' or one of {METHODS}, got {self.resize!r}")
+        if self.size_rounding not in ("round", "floor"):
+            raise ValueError(f"letterbox size_rounding must be 'round' or 'floor', got {self.size_rounding!r}")
+        if self.channels not in ("RGB", "BGR"):
+            raise ValueError(f"letterbox channels must be 'RGB' or 'BGR', got {self.channels!r}")
+
+    @property
+    def neutral_input(self) -> float:
+        """A network input value that stands for a blank image: the padding grey."""
+        return self.pad_value / self.divisor
+
+    def describe(self) -> dict[str, Any]:
+        """What an artifact's metadata records about this preprocessing (a runtime checks it)."""
+        d = {"placement": self.placement, "pad_value": self.pad_value, "size": self.size,
+             "resize": "bilinear, half-pixel centres, rounded to 8 bit"}
+        # keys beyond the defaults only when set, so artifacts exported before them still load
+        if self.resize != "bilinear":
+            d["resize"] = f"{self.resize}, 8-bit exact"
+        if self.size_rounding != "round":
+            d["size_rounding"] = self.size_rounding
+        if (self.channels, self.divisor) != ("RGB", 255.0):
+            d.update(channels=self.channels, divisor=self.divisor)
+        return d
+
+    def normalization(self) -> dict[str, Any]:
+        return {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]}
 
     def geometry(self, h: int, w: int) -> tuple[float, int, int, int, int]:
         ratio = min(self.size / h, self.size / w)
-        new_h, new_w = max(1, int(round(h * ratio))), max(1, int(round(w * ratio)))
+        if self.size_rounding == "floor":
+            new_h, new_w = max(1, int(h * ratio)), max(1, int(w * ratio))
+        else:
+            new_h, new_w = max(1, int(round(h * ratio))), max(1, int(round(w * ratio)))
         if self.placement == "center":
             top, left = (self.size - new_h) // 2, (self.size - new_w) // 2
         else:
@@ -62,14 +107,15 @@ class Letterbox:
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[LetterboxMeta]]:
         """``images``: CHW RGB tensors (uint8 0..255 or float 0..1) already on the target device.
 
-        Returns the (B, 3, size, size) batch in [0, 1] and one meta per image. ``out`` may be
+        Returns the (B, 3, size, size) batch as the network takes it (``channels`` order, pixels
+        divided by ``divisor``: [0, 1] by default) and one meta per image. ``out`` may be
         a preallocated batch tensor of the right shape (e.g. a CUDA graph's static input).
         """
         device = images[0].device
         n = len(images)
         if out is None:
             out = torch.empty((n, 3, self.size, self.size), device=device, dtype=dtype)
-        pad = self.pad_value / 255.0
+        pad = self.pad_value / self.divisor
         metas = []
         for i, img in enumerate(images):
             h, w = int(img.shape[-2]), int(img.shape[-1])
@@ -82,14 +128,30 @@ class Letterbox:
             canvas[:, top:top + new_h, left + new_w:].fill_(pad)
             region = canvas[:, top:top + new_h, left:left + new_w]
             integer = not img.is_floating_point()
-            if (new_h, new_w) != (h, w):
+            if self.resize != "bilinear" and not integer:  # 8-bit methods resize 8-bit images
+                img = img.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+                integer = True
+            if self.channels == "BGR":
+                img = img.flip(0)
+            to_input = 255.0 / self.divisor  # a float source in [0, 1] -> network input
+            if (new_h, new_w) != (h, w) and self.resize != "bilinear":
+                from libreyolo.ops.stretch import resize_u8
+
+                region.copy_(resize_u8(img, new_h, new_w, self.resize))
+                if self.divisor != 1.0:
+                    region.div_(self.divisor)
+            elif (new_h, new_w) != (h, w):
                 x = F.interpolate(img.unsqueeze(0).float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
                 # an 8-bit source gives an 8-bit resize (whole grey levels), as OpenCV does
-                x = x.round_().clamp_(0, 255).div_(255.0) if integer else x.clamp_(0, 1)
+                x = x.round_().clamp_(0, 255).div_(self.divisor) if integer else x.clamp_(0, 1)
+                if not integer and to_input != 1.0:
+                    x.mul_(to_input)
                 region.copy_(x[0])
             else:
                 region.copy_(img)
-                if integer:
-                    region.div_(255.0)
+                if integer and self.divisor != 1.0:
+                    region.div_(self.divisor)
+                elif not integer and to_input != 1.0:
+                    region.mul_(to_input)
             metas.append(LetterboxMeta((h, w), ratio, (float(left), float(top))))
         return out, metas

@@ -1,4 +1,4 @@
-"""Runtimes for exported artifacts: ``LibreYOLO("x.onnx" | "x.pte" | "x.mlpackage" | "x.engine")``.
+"""Runtimes for exported artifacts: ``LibreYOLO("x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2")``.
 
 Each module exposes ``load(path, device=None, **kw)`` returning a
 :class:`~libreyolo.runtimes.base.ArtifactPredictor` with the eager model's ``predict()``.

@@ -9,6 +9,7 @@ contract names, never by a per-family branch here.
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,25 +46,27 @@ class ArtifactPredictor(Predictor):
 
     def __init__(self, path: str | Path, meta: dict[str, Any]) -> None:
         self.path = Path(path)
+        family, nc, names, imgsz, batch = check_metadata(meta, str(self.path))
         self.metadata = meta
-        family = get_family(meta["family"])
         self.size = meta["size"]
-        self.names = dict(meta["names"])
-        self.nc = int(meta.get("nc", len(self.names)))
-        self.imgsz = int(meta["imgsz"])
-        self.batch = int(meta["batch"])
+        self.names = names
+        self.nc = nc
+        self.imgsz = imgsz
+        self.batch = batch
         self.input_name = meta["input_name"]
         self.output_names = tuple(meta["output_names"])
         axes = meta.get("dynamic_axes") or {}
         self.dynamic_batch = "0" in axes.get(self.input_name, {})
         self.dynamic_spatial = "2" in axes.get(self.input_name, {})
         self.dtype = torch.float16 if meta["input_dtype"] == "float16" else torch.float32
-        box = family.letterbox(self.imgsz)
+        # the artifact was validated with the preprocessing recorded in it; predict() uses the
+        # family's current one, so the two must agree (as JSON, the way the metadata stores it)
+        current = json.loads(json.dumps(family.letterbox(self.imgsz).describe()))
         stored = meta["letterbox"]
-        if (box.placement, float(box.pad_value)) != (stored.get("placement"), float(stored.get("pad_value", -1))):
+        if current != stored:
             raise CheckpointError(
-                f"{self.path}: exported with letterbox {stored}, but family {family.name} now letterboxes with "
-                f"placement={box.placement!r}, pad_value={box.pad_value}; re-export it with this version"
+                f"{self.path}: exported with preprocessing {stored}, but family {family.name} now preprocesses "
+                f"with {current}; re-export it with this version"
             )
         if meta.get("nms"):
             module_name, _, attr = family.export.nms_decoder.partition(":")
@@ -132,8 +135,111 @@ class ArtifactPredictor(Predictor):
         return f"{type(self).__name__}({self.path.name}, {self.family.name}-{self.size}, device={self.device})"
 
 
-def check_artifact_file(path: str | Path, fmt: str) -> Path:
+def _fail(where: str, text: str) -> CheckpointError:
+    return CheckpointError(f"{where}: {text}; the metadata does not describe this artifact (edited or damaged): "
+                           "re-export it")
+
+
+def check_metadata(meta: dict[str, Any], where: str) -> tuple[Family, int, dict[int, str], int, int]:
+    """Every metadata field an artifact runtime relies on, checked before it is used.
+
+    Returns (family, nc, names, imgsz, batch). Bounds are those of checkpoints
+    (:mod:`libreyolo.utils.checks`).
+    """
+    from libreyolo.export.nms import DEFAULTS as NMS_DEFAULTS
+    from libreyolo.utils.checks import check_batch, check_imgsz, check_names, check_nc, check_str
+
+    family = get_family(check_str(meta["family"], "family", where, CheckpointError))
+    if meta["size"] not in family.sizes:
+        raise _fail(where, f"'size' is {meta['size']!r}, not one of {family.name}'s sizes ({', '.join(family.sizes)})")
+    if meta["task"] != family.task:
+        raise _fail(where, f"'task' is {meta['task']!r} but family {family.name} is a {family.task!r} model")
+    names = meta["names"]
+    nc = check_nc(meta.get("nc", len(names) if isinstance(names, (dict, list)) else names), where, CheckpointError)
+    names = check_names(names, nc, where, CheckpointError)
+    if meta["stride"] != family.stride:
+        raise _fail(where, f"'stride' is {meta['stride']!r} but family {family.name} has stride {family.stride}")
+    imgsz = check_imgsz(meta["imgsz"], family.stride, where, CheckpointError)
+    batch = check_batch(meta["batch"], where, CheckpointError)
+    check_str(meta["input_name"], "input_name", where, CheckpointError)
+    outputs = meta["output_names"]
+    if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str) and o for o in outputs):
+        raise _fail(where, f"'output_names' must be a list of output names, got {outputs!r}")
+    if meta["input_dtype"] not in ("float32", "float16"):
+        raise _fail(where, f"'input_dtype' is {meta['input_dtype']!r}; expected 'float32' or 'float16'")
+    for key in ("letterbox", "dynamic_axes"):
+        if not isinstance(meta[key], dict):
+            raise _fail(where, f"'{key}' must be a mapping, got {type(meta[key]).__name__}")
+    nms = meta.get("nms")
+    if nms is not None:
+        if not isinstance(nms, dict) or set(nms) != set(NMS_DEFAULTS):
+            raise _fail(where, f"'nms' must hold {sorted(NMS_DEFAULTS)}, got {nms!r}")
+        for key in ("topk", "iterations", "max_det"):
+            if isinstance(nms[key], bool) or not isinstance(nms[key], int) or not 1 <= nms[key] <= 100_000:
+                raise _fail(where, f"nms {key} must be a positive integer, got {nms[key]!r}")
+        for key in ("iou", "conf"):
+            if isinstance(nms[key], bool) or not isinstance(nms[key], (int, float)) or not 0 <= nms[key] <= 1:
+                raise _fail(where, f"nms {key} must be a number in [0, 1], got {nms[key]!r}")
+    return family, nc, names, imgsz, batch
+
+
+Shape = tuple  # of int (a fixed size) or None (a dynamic axis)
+
+
+def check_graph(meta: dict[str, Any], family: Family, inputs: dict[str, Shape], outputs: dict[str, Shape],
+                where: str) -> None:
+    """Compare the metadata with the artifact's own input and output shapes.
+
+    Catches a metadata edit that the graph contradicts (another ``nc``, ``batch``, ``imgsz``,
+    dynamic axes, output set or NMS ``max_det``) with an error naming the field, whether or
+    not the integrity hashes are checked.
+    """
+    name = meta["input_name"]
+    if name not in inputs:
+        raise _fail(where, f"'input_name' is {name!r} but the graph's inputs are {sorted(inputs)}")
+    shape = inputs[name]
+    if len(shape) != 4 or shape[1] not in (3, None):
+        raise _fail(where, f"the graph's input {name!r} has shape {shape}, not (batch, 3, height, width)")
+    axes = meta["dynamic_axes"].get(name, {})
+    expected = {0: ("batch", meta["batch"]), 2: ("imgsz", meta["imgsz"]), 3: ("imgsz", meta["imgsz"])}
+    for axis, (field, value) in expected.items():
+        dynamic = str(axis) in axes
+        if dynamic and shape[axis] is not None:
+            raise _fail(where, f"'dynamic_axes' says axis {axis} of {name!r} is dynamic, but the graph fixes it "
+                               f"at {shape[axis]}")
+        if not dynamic and shape[axis] is not None and shape[axis] != value:
+            raise _fail(where, f"'{field}' is {value} but the graph's input {name!r} has shape {shape}")
+        if not dynamic and shape[axis] is None:
+            raise _fail(where, f"'dynamic_axes' says axis {axis} of {name!r} is fixed, but it is dynamic in the graph")
+    if set(outputs) != set(meta["output_names"]):
+        raise _fail(where, f"'output_names' is {meta['output_names']} but the graph's outputs are {sorted(outputs)}")
+    nms = meta.get("nms")
+    if nms:
+        from libreyolo.export.nms import OUTPUT_NAMES
+
+        det = outputs.get(OUTPUT_NAMES[0])
+        if det is None or len(det) != 3 or det[2] not in (6, None):
+            raise _fail(where, f"'nms' is set but the graph has no (batch, max_det, 6) {OUTPUT_NAMES[0]!r} output")
+        if det[1] is not None and det[1] != nms["max_det"]:
+            raise _fail(where, f"'nms' max_det is {nms['max_det']} but the graph's {OUTPUT_NAMES[0]!r} output "
+                               f"holds {det[1]} rows")
+        return
+    nc = int(meta.get("nc", len(meta["names"])))
+    for out, (axis, offset) in family.export.class_axes.items():
+        dims = outputs.get(out)
+        if dims is not None and len(dims) > axis and dims[axis] is not None and dims[axis] != nc + offset:
+            raise _fail(where, f"'nc' is {nc} but the graph's output {out!r} has {dims[axis]} channels on axis "
+                               f"{axis}, i.e. {dims[axis] - offset} classes")
+
+
+def check_artifact_file(path: str | Path, fmt: str, *, folder: bool = False) -> Path:
+    """The artifact's path, refusing a missing one and the wrong kind (a pipe would block a read)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{fmt} model not found: {path}")
+    if folder and not path.is_dir():
+        raise CheckpointError(f"{path} is not a {fmt} package (expected a folder)")
+    if not folder and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise CheckpointError(f"{path} is {kind}, not a {fmt} model file")
     return path

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from libreyolo.errors import ArgumentError, CheckpointError, require
-from libreyolo.export.metadata import decode, package_version
-from libreyolo.runtimes.base import ArtifactPredictor, RuntimeUnavailableError, check_artifact_file
+from libreyolo.export.metadata import check_integrity, decode, mlpackage_content_sha256, package_version
+from libreyolo.runtimes.base import ArtifactPredictor, RuntimeUnavailableError, check_artifact_file, check_metadata
+from libreyolo.utils.checks import parse_bool, resolve_device
 
 
 class CoreMLPredictor(ArtifactPredictor):
@@ -36,31 +37,48 @@ class CoreMLPredictor(ArtifactPredictor):
 
         per_output: list[list[torch.Tensor]] = [[] for _ in self.output_names]
         for img in batch:
-            # the letterbox gives whole grey levels, so 8-bit RGB carries the input exactly
-            arr = (img.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-            out = self.mlmodel.predict({self.input_name: Image.fromarray(np.ascontiguousarray(arr))})
+            if self.family.export.image_input:
+                # the letterbox gives whole grey levels, so 8-bit RGB carries the input exactly
+                arr = (img.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+                feed: Any = Image.fromarray(np.ascontiguousarray(arr))
+            else:  # a normalised tensor input (contract.image_input False)
+                feed = img[None].float().numpy()
+            out = self.mlmodel.predict({self.input_name: feed})
             for i, name in enumerate(self.output_names):
                 per_output[i].append(torch.from_numpy(np.asarray(out[name], dtype=np.float32)))
         return [torch.cat(parts) for parts in per_output]
 
 
-def read_metadata(path: Path) -> dict[str, Any]:
+def read_metadata(path: Path, verify: bool = True) -> dict[str, Any]:
     ct = require("coremltools", "coreml", "reading a CoreML package")
     try:
         mlmodel = ct.models.MLModel(str(path), skip_model_load=True)
+        content = mlpackage_content_sha256(path)
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable CoreML package ({type(exc).__name__}: {exc})") from None
-    return decode(dict(mlmodel.user_defined_metadata), str(path))
+    props = dict(mlmodel.user_defined_metadata)
+    meta = decode(props, str(path))
+    check_metadata(meta, str(path))
+    if verify:
+        check_integrity(props, content, str(path))
+    return meta
 
 
-def load(path: str | Path, device: str | torch.device | None = None, **kw: Any) -> CoreMLPredictor:
-    """Open an exported ``.mlpackage`` (prediction needs macOS)."""
+def load(path: str | Path, device: str | torch.device | None = None, *, verify: bool = True,
+         **kw: Any) -> CoreMLPredictor:
+    """Open an exported ``.mlpackage`` (prediction needs macOS).
+
+    With ``verify`` (the default) the package and its metadata are checked against the hashes
+    recorded at export.
+    """
     if kw:
         raise TypeError(f"unexpected arguments for a CoreML model: {sorted(kw)}")
-    if device is not None and torch.device(device).type != "cpu":
-        raise ArgumentError(f"CoreML chooses its compute units itself; pass no device (got {device!r})")
-    path = check_artifact_file(path, "CoreML")
-    meta = read_metadata(path)
+    verify = parse_bool("verify", verify)
+    dev = resolve_device(device) if str(device).strip().lower() != "mps" else None
+    if dev is not None and dev.type != "cpu":
+        raise ArgumentError(f"CoreML chooses its compute units itself; pass no device (got {str(device)!r})")
+    path = check_artifact_file(path, "CoreML", folder=True)
+    meta = read_metadata(path, verify)
     if sys.platform != "darwin":
         raise RuntimeUnavailableError(f"{path.name}: CoreML runs only on macOS (this is {sys.platform}); the "
                                       "package and its metadata are fine. Use the ONNX export on this machine.")

@@ -13,7 +13,8 @@ import torch
 
 from libreyolo.errors import ArgumentError, CheckpointError, require
 from libreyolo.export.metadata import package_version, read_sidecar
-from libreyolo.runtimes.base import ArtifactPredictor, RuntimeUnavailableError, check_artifact_file
+from libreyolo.runtimes.base import ArtifactPredictor, RuntimeUnavailableError, check_artifact_file, check_metadata
+from libreyolo.utils.checks import parse_bool, resolve_device
 
 _DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "INT32": torch.int32, "INT64": torch.int64,
            "BOOL": torch.bool, "INT8": torch.int8}
@@ -53,19 +54,27 @@ class TensorRTPredictor(ArtifactPredictor):
         return outs
 
 
-def load(path: str | Path, device: str | torch.device | None = None, **kw: Any) -> TensorRTPredictor:
-    """Open a serialised TensorRT engine (needs ``tensorrt`` and an NVIDIA GPU)."""
+def load(path: str | Path, device: str | torch.device | None = None, *, verify: bool = True,
+         **kw: Any) -> TensorRTPredictor:
+    """Open a serialised TensorRT engine (needs ``tensorrt`` and an NVIDIA GPU).
+
+    With ``verify`` (the default) the engine and its sidecar metadata are checked against the
+    hashes recorded at export.
+    """
     if kw:
         raise TypeError(f"unexpected arguments for a TensorRT engine: {sorted(kw)}")
+    verify = parse_bool("verify", verify)
+    text = str(device).strip().lower()
+    if device is not None and text.split(":")[0] != "cuda" and not text.isdigit():
+        raise ArgumentError(f"TensorRT engines run on an NVIDIA GPU; got device={str(device)!r}")
     path = check_artifact_file(path, "TensorRT")
-    meta = read_sidecar(path)
-    dev = torch.device(device) if device is not None else torch.device("cuda", 0)
-    if dev.type != "cuda":
-        raise ArgumentError(f"TensorRT engines run on an NVIDIA GPU; got device={device!r}")
-    trt = require("tensorrt", "tensorrt", "running a TensorRT engine")
+    meta = read_sidecar(path, verify=verify)
+    check_metadata(meta, str(path))
     if not torch.cuda.is_available():
         raise RuntimeUnavailableError(f"{path.name}: TensorRT engines need an NVIDIA GPU with CUDA; none is "
                                       "available here (use the ONNX export on this machine)")
+    dev = resolve_device(device) or torch.device("cuda", 0)
+    trt = require("tensorrt", "tensorrt", "running a TensorRT engine")
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     with torch.cuda.device(dev):
         engine = runtime.deserialize_cuda_engine(path.read_bytes())

@@ -1,4 +1,4 @@
-"""Drawing detections with Pillow (no OpenCV dependency)."""
+"""Drawing detections and top-5 classes with Pillow (no OpenCV dependency)."""
 from __future__ import annotations
 
 import colorsys
@@ -22,6 +22,8 @@ def draw_detections(result: Results, *, line_width: int | None = None, labels: b
     from PIL import Image, ImageDraw, ImageFont
 
     image = Image.fromarray(result.orig_rgb()).convert("RGB")
+    if result.probs is not None:
+        draw_top5(image, result, show_conf=show_conf)
     if result.boxes is None or len(result.boxes) == 0:
         return image
     draw = ImageDraw.Draw(image)
@@ -39,3 +41,19 @@ def draw_detections(result: Results, *, line_width: int | None = None, labels: b
             draw.rectangle([x1, ty, x1 + tw + 4, ty + th + 4], fill=color)
             draw.text((x1 + 2, ty + 2 - top), text, fill=(255, 255, 255), font=font)
     return image
+
+
+def draw_top5(image: Image.Image, result: Results, *, show_conf: bool = True) -> None:
+    """Write the five most probable classes (best first) in the top-left corner, in place."""
+    from PIL import ImageDraw, ImageFont
+
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default()
+    probs = result.probs.cpu()
+    x = y = max(2, round(min(image.size) * 0.01))
+    for k, c in zip(probs.top5, probs.top5conf.tolist(), strict=True):
+        text = result.names.get(k, str(k)) + (f" {c:.3f}" if show_conf else "")
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        draw.rectangle([x, y, x + right - left + 4, y + bottom - top + 4], fill=class_color(k))
+        draw.text((x + 2, y + 2 - top), text, fill=(255, 255, 255), font=font)
+        y += bottom - top + 6

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from libreyolo.kernels.attention.deformable import ms_deform_attn, ms_deform_attn_portable
 from libreyolo.kernels.attention.sdpa import (
+    AttentionCall,
     attention,
     attention_primitive,
     fused_attention_allowed,
+    record_attention,
     set_fused_attention,
 )
 
 __all__ = [
+    "AttentionCall",
     "attention",
     "attention_primitive",
     "fused_attention_allowed",
     "ms_deform_attn",
     "ms_deform_attn_portable",
+    "record_attention",
     "register_providers",
     "set_fused_attention",
 ]

@@ -56,7 +56,15 @@ def level_shapes(spatial_shapes: SpatialShapes) -> list[tuple[int, int]]:
 
 
 def shapes_tensor(spatial_shapes: SpatialShapes, device: torch.device) -> torch.Tensor:
-    """spatial_shapes as a contiguous int64 (L, 2) tensor on `device`."""
+    """spatial_shapes as a contiguous int64 (L, 2) tensor on `device`.
+
+    A sequence of Python ints may carry its own device copy (an ``as_tensor(device)`` method,
+    e.g. the DETR families' per-shape cache): then no host tensor is built and copied here,
+    which a CUDA graph capture would refuse.
+    """
+    as_tensor = getattr(spatial_shapes, "as_tensor", None)
+    if callable(as_tensor):
+        return as_tensor(device)
     if isinstance(spatial_shapes, torch.Tensor):
         return spatial_shapes.to(device=device, dtype=torch.int64).reshape(-1, 2).contiguous()
     return torch.tensor(level_shapes(spatial_shapes), dtype=torch.int64, device=device)

@@ -14,16 +14,70 @@ modules; `set_fused_attention` flips it model-wide.
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.kernels._context import capturing_for_export
+from libreyolo.kernels._context import capturing_for_export, export_capture_reasons
 
-__all__ = ["attention", "attention_primitive", "fused_attention_allowed", "set_fused_attention"]
+__all__ = [
+    "AttentionCall",
+    "attention",
+    "attention_primitive",
+    "fused_attention_allowed",
+    "record_attention",
+    "set_fused_attention",
+]
+
+_LOG = logging.getLogger("libreyolo")
+_local = threading.local()  # active recorders of this thread (export runs in the calling thread)
+_logged_declines: set[tuple[str, ...]] = set()
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One call of :func:`attention`: the path taken and, when fused was asked for but not used,
+    the export predicates that declined it (e.g. ``("torch.compiler.is_exporting()",)``)."""
+
+    fused_requested: bool
+    path: str                       # "sdpa" or "primitive"
+    declined_by: tuple[str, ...]    # empty unless fused was requested and an export capture declined it
+
+
+@contextmanager
+def record_attention() -> Iterator[list[AttentionCall]]:
+    """Record every :func:`attention` call made in this thread inside the block.
+
+    ``with record_attention() as calls: torch.onnx.export(...)`` then shows, per attention
+    slot, whether SDPA ran and which predicate made it decline. Recording costs nothing when
+    no block is active.
+    """
+    calls: list[AttentionCall] = []
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(calls)
+    try:
+        yield calls
+    finally:
+        stack.remove(calls)
+
+
+def _note(call: AttentionCall) -> None:
+    for calls in getattr(_local, "stack", None) or ():
+        calls.append(call)
+    if call.declined_by and call.declined_by not in _logged_declines:
+        _logged_declines.add(call.declined_by)
+        _LOG.debug("fused attention declined (%s): primitive matmul-softmax-matmul emitted",
+                   ", ".join(call.declined_by))
 
 
 def fused_attention_allowed() -> bool:
@@ -82,9 +136,17 @@ def attention(
     """
     if not torch.jit.is_tracing():  # traced sizes are tensors; the ops below check shapes anyway
         _check_shapes(q, k, v)
-    if fused and fused_attention_allowed():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    declined: tuple[str, ...] = ()
+    if fused:
+        declined = export_capture_reasons()
+        if not declined:
+            _note(_SDPA_CALL)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    _note(AttentionCall(bool(fused), "primitive", declined))
     return attention_primitive(q, k, v, mask=mask, scale=scale)
+
+
+_SDPA_CALL = AttentionCall(True, "sdpa", ())
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

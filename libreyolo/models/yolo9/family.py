@@ -10,7 +10,9 @@ from libreyolo.models.base import ExportContract, Family
 from libreyolo.models.registry import register_family
 from libreyolo.models.yolo9.network import SIZES, YOLOv9
 from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
-from libreyolo.ops.postprocess import detect_postprocess
+from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess
+
+_DEVICE_POSTPROCESS = DetectPostprocess("predictions")
 
 
 @register_family
@@ -30,14 +32,20 @@ class Yolo9(Family):
         dynamic_batch=True,
         dynamic_spatial=True,
         nms_input="predictions",
+        class_axes={"predictions": (1, 4)},  # (B, 4 box coordinates + nc class scores, anchors)
     )
     SUPPORTS_CUDA_GRAPH = True  # verified by the graph parity matrix (docs/graph_parity.md)
+    SUPPORTS_PIPELINE_GRAPH = True  # verified by the pipeline rows of the same matrix (tests/test_graphs_gpu.py)
+    nc_key = "head.cv3.0.2.bias"  # the first level's class conv: one output per class
 
     def build(self, size: str, nc: int) -> nn.Module:
         return YOLOv9(size, nc)
 
     def letterbox(self, imgsz: int) -> Letterbox:
         return Letterbox(imgsz, pad_value=114.0, placement="topleft")
+
+    def device_postprocess(self) -> DetectPostprocess:
+        return _DEVICE_POSTPROCESS
 
     def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], **kw: Any) -> list[dict]:
         return detect_postprocess(outputs["predictions"], metas, **kw)

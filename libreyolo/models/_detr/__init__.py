@@ -1,0 +1,35 @@
+"""Building blocks shared by the DETR-style detectors (``rtdetr``, ``dfine``).
+
+Not a family: nothing here registers itself. Submodule names inside these blocks are part of
+the reference checkpoint format (schema 1.0), so they stay as they are.
+"""
+from __future__ import annotations
+
+from libreyolo.models._detr.anchors import AnchorCache, make_anchors
+from libreyolo.models._detr.encoder import HybridEncoder
+from libreyolo.models._detr.layers import (
+    MLP,
+    ConvNormLayer,
+    FrozenBatchNorm2d,
+    MultiheadAttention,
+    RepVggBlock,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+    inverse_sigmoid,
+    sincos_position_embedding,
+)
+
+__all__ = [
+    "MLP",
+    "AnchorCache",
+    "ConvNormLayer",
+    "FrozenBatchNorm2d",
+    "HybridEncoder",
+    "MultiheadAttention",
+    "RepVggBlock",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+    "inverse_sigmoid",
+    "make_anchors",
+    "sincos_position_embedding",
+]

@@ -1,0 +1,75 @@
+"""The classify contract: what an image-classification family declares, once.
+
+A classifier subclasses :class:`ClassifyFamily`, sets its sizes, file-name pattern and
+preprocessing constants (``crop_pct``, ``mean``, ``std``, ``fixed_imgsz``) and implements
+``build``. Its network takes the normalised (B, 3, S, S) batch and returns logits (B, nc),
+a tensor or ``{"logits": tensor}``. Everything else is shared:
+
+- preprocessing: :class:`~libreyolo.ops.classify.ResizeCrop` (resize the shorter side to
+  ``imgsz / crop_pct`` with Pillow's bicubic, centre crop, normalise), on the device;
+- postprocessing: softmax -> ``{"probs": (nc,)}`` per image -> ``Results.probs``;
+- export: one output ``logits`` (B, nc); artifacts carry logits, runtimes apply the same
+  softmax; the validator compares logits raw and the top-5 classes decoded
+  (:func:`libreyolo.export.validate.match_classes`).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from libreyolo.errors import ArgumentError
+from libreyolo.models.base import ExportContract, Family
+from libreyolo.ops.classify import IMAGENET_MEAN, IMAGENET_STD, ResizeCrop, classify_postprocess
+from libreyolo.ops.letterbox import LetterboxMeta
+
+CLASSIFY_EXPORT = ExportContract(
+    input_name="images",
+    image_input=False,  # normalised with a per-channel mean/std: a float tensor, not an 8-bit image
+    output_names=("logits",),
+    output_axes={"logits": {0: "batch"}},
+    dynamic_batch=True,
+    dynamic_spatial=False,
+    # logits are O(1..10): float32 runtimes reorder sums, errors stay ~1e-5
+    tolerances={"fp32": 1e-4, "fp16": 5e-2},
+    rtol={"fp32": 1e-5, "fp16": 1e-2},
+    class_axes={"logits": (1, 0)},
+    decoded_match="libreyolo.export.validate:match_classes",
+)
+
+
+class ClassifyFamily(Family):
+    """Base of every image-classification family (task ``classify``)."""
+
+    task = "classify"
+    default_imgsz = 224
+    stride = 16
+    export = CLASSIFY_EXPORT
+    nc_key = "head.bias"
+    crop_pct: ClassVar[float] = 0.875
+    mean: ClassVar[tuple[float, float, float]] = IMAGENET_MEAN
+    std: ClassVar[tuple[float, float, float]] = IMAGENET_STD
+    # the only input size the network accepts (fixed position embeddings), or None for any
+    # multiple of ``stride``
+    fixed_imgsz: ClassVar[int | None] = 224
+
+    def letterbox(self, imgsz: int) -> ResizeCrop:
+        return ResizeCrop(imgsz, crop_pct=self.crop_pct, mean=self.mean, std=self.std)
+
+    def check_imgsz(self, value: Any) -> int:
+        if self.fixed_imgsz is None:
+            return super().check_imgsz(value)
+        if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+            value = value[0]
+        if isinstance(value, bool) or value != self.fixed_imgsz:
+            raise ArgumentError(
+                f"{self.name} takes {self.fixed_imgsz}x{self.fixed_imgsz} inputs only (its position embedding "
+                f"is fixed, as in the reference library), got imgsz={value!r}; use imgsz={self.fixed_imgsz}"
+            )
+        return self.fixed_imgsz
+
+    def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
+        return (outputs["logits"] if isinstance(outputs, dict) else outputs,)
+
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], **kw: Any) -> list[dict]:
+        return classify_postprocess(outputs["logits"], metas)

@@ -1,0 +1,225 @@
+"""D-FINE's decoder: query selection, deformable layers with a gate, fine-grained distribution refinement.
+
+FDR: each layer predicts, per box edge, a distribution over ``reg_max + 1`` bins of a
+non-uniform weighting function; its expectation is the edge's distance from the first layer's
+box, and every layer refines the previous layer's distributions (their logits are summed). A
+localisation-quality head (LQE) adds a score from the distributions' top probabilities.
+
+Inference only (the denoising embedding exists so training checkpoints load). Cross-attention
+samples through the ``ms_deform_attn`` slot with one point count per level
+(``points_per_level``); counts that differ between levels stay on the portable path.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libreyolo.kernels.attention import ms_deform_attn
+from libreyolo.models._detr.anchors import AnchorCache
+from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
+
+Shapes = list[tuple[int, int]]
+
+
+def weighting_function(reg_max: int, up: torch.Tensor, reg_scale: torch.Tensor) -> torch.Tensor:
+    """The ``reg_max + 1`` bin values of FDR: symmetric, growing geometrically away from 0.
+
+    Built from the two learned scalars with device ops only (no host tensor), in the reference's
+    operation order.
+    """
+    upper1 = abs(up[0]) * abs(reg_scale)
+    upper2 = abs(up[0]) * abs(reg_scale) * 2
+    step = (upper1 + 1) ** (2 / (reg_max - 2))
+    left = [-(step ** i) + 1 for i in range(reg_max // 2 - 1, 0, -1)]
+    right = [step ** i - 1 for i in range(1, reg_max // 2)]
+    return torch.cat([-upper2, *left, torch.zeros_like(up[0][None]), *right, upper2], 0)
+
+
+def distance2bbox(points: torch.Tensor, distance: torch.Tensor, reg_scale: torch.Tensor) -> torch.Tensor:
+    """Edge distances (in units of box size / reg_scale) around (cx, cy, w, h) points -> (cx, cy, w, h)."""
+    reg_scale = abs(reg_scale)
+    x1 = points[..., 0] - (0.5 * reg_scale + distance[..., 0]) * (points[..., 2] / reg_scale)
+    y1 = points[..., 1] - (0.5 * reg_scale + distance[..., 1]) * (points[..., 3] / reg_scale)
+    x2 = points[..., 0] + (0.5 * reg_scale + distance[..., 2]) * (points[..., 2] / reg_scale)
+    y2 = points[..., 1] + (0.5 * reg_scale + distance[..., 3]) * (points[..., 3] / reg_scale)
+    return torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], -1)
+
+
+class Integral(nn.Module):
+    """Expectation of each edge's bin distribution under the weighting function."""
+
+    def __init__(self, reg_max: int = 32) -> None:
+        super().__init__()
+        self.reg_max = reg_max
+
+    def forward(self, x: torch.Tensor, project: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = F.softmax(x.reshape(-1, self.reg_max + 1), dim=1)
+        x = F.linear(x, project.to(x.dtype)).reshape(-1, 4)
+        return x.reshape(list(shape[:-1]) + [-1])
+
+
+class LQE(nn.Module):
+    """Localisation quality: a score offset from the top-``k`` probabilities of each edge distribution."""
+
+    def __init__(self, k: int, hidden: int, num_layers: int, reg_max: int) -> None:
+        super().__init__()
+        self.k, self.reg_max = k, reg_max
+        self.reg_conf = MLP(4 * (k + 1), hidden, 1, num_layers)
+
+    def forward(self, scores: torch.Tensor, corners: torch.Tensor) -> torch.Tensor:
+        b, q, _ = corners.shape
+        prob = F.softmax(corners.reshape(b, q, 4, self.reg_max + 1), dim=-1)
+        top = prob.topk(self.k, dim=-1).values
+        stat = torch.cat([top, top.mean(dim=-1, keepdim=True)], dim=-1)
+        return scores + self.reg_conf(stat.reshape(b, q, -1))
+
+
+class MSDeformableAttention(nn.Module):
+    """Deformable attention with its own point count per level, sampling a pre-projected memory."""
+
+    def __init__(self, dim: int, heads: int, points: tuple[int, ...], offset_scale: float = 0.5) -> None:
+        super().__init__()
+        self.dim, self.heads, self.points = dim, heads, tuple(points)
+        self.offset_scale = offset_scale
+        total = sum(self.points)
+        self.sampling_offsets = nn.Linear(dim, heads * total * 2)
+        self.attention_weights = nn.Linear(dim, heads * total)
+        scale = [1.0 / n for n in self.points for _ in range(n)]
+        self.register_buffer("num_points_scale", torch.tensor(scale, dtype=torch.float32))
+
+    def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor,
+                shapes: Shapes) -> torch.Tensor:
+        """``query`` (B, Q, C), ``reference`` (B, Q, 1, 4), ``value`` (B, S, heads, C / heads)."""
+        b, q = query.shape[:2]
+        total = sum(self.points)
+        offsets = self.sampling_offsets(query).reshape(b, q, self.heads, total, 2)
+        weights = F.softmax(self.attention_weights(query).reshape(b, q, self.heads, total), dim=-1)
+        scale = self.num_points_scale.to(dtype=query.dtype).unsqueeze(-1)
+        offset = offsets * scale * reference[:, :, None, :, 2:] * self.offset_scale
+        locations = reference[:, :, None, :, :2] + offset
+        return ms_deform_attn(value, shapes, locations, weights, points_per_level=self.points)
+
+
+class Gate(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(2 * dim, 2 * dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        g1, g2 = torch.sigmoid(self.gate(torch.cat([x1, x2], dim=-1))).chunk(2, dim=-1)
+        return self.norm(g1 * x1 + g2 * x2)
+
+
+class TransformerDecoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...]) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(dim, heads)
+        self.norm1 = nn.LayerNorm(dim)
+        self.cross_attn = MSDeformableAttention(dim, heads, points)
+        self.gateway = Gate(dim)
+        self.linear1 = nn.Linear(dim, ffn)
+        self.linear2 = nn.Linear(ffn, dim)
+        self.norm3 = nn.LayerNorm(dim)
+
+    def forward(self, target: torch.Tensor, reference: torch.Tensor, value: torch.Tensor, shapes: Shapes,
+                query_pos: torch.Tensor) -> torch.Tensor:
+        q = target + query_pos
+        target = self.norm1(target + self.self_attn(q, q, target))
+        target = self.gateway(target, self.cross_attn(target + query_pos, reference, value, shapes))
+        target = target + self.linear2(F.relu(self.linear1(target)))
+        return self.norm3(target.clamp(min=-65504, max=65504))
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(self, layer_fn, num_layers: int, heads: int, reg_max: int, up: nn.Parameter,
+                 reg_scale: nn.Parameter, eval_idx: int = -1) -> None:
+        super().__init__()
+        self.heads, self.reg_max = heads, reg_max
+        self.up, self.reg_scale = up, reg_scale  # the same parameters as the parent's (two state-dict keys)
+        self.eval_idx = eval_idx if eval_idx >= 0 else num_layers + eval_idx
+        self.layers = nn.ModuleList(layer_fn() for _ in range(num_layers))
+        self.lqe_layers = nn.ModuleList(LQE(4, 64, 2, reg_max) for _ in range(num_layers))
+
+    def forward(self, target: torch.Tensor, ref_unact: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
+                bbox_head: nn.ModuleList, score_head: nn.ModuleList, query_pos_head: nn.Module,
+                pre_bbox_head: nn.Module, integral: Integral) -> tuple[torch.Tensor, torch.Tensor]:
+        value = memory.reshape(memory.shape[0], memory.shape[1], self.heads, -1)
+        project = weighting_function(self.reg_max, self.up, self.reg_scale)
+        ref = torch.sigmoid(ref_unact)
+        target_prev = corners_prev = None
+        for i, layer in enumerate(self.layers):
+            query_pos = query_pos_head(ref).clamp(min=-10, max=10)
+            target = layer(target, ref.unsqueeze(2), value, shapes, query_pos)
+            if i == 0:
+                initial = torch.sigmoid(pre_bbox_head(target) + inverse_sigmoid(ref))
+                corners = bbox_head[i](target)
+            else:  # each layer refines the previous one's distributions, seeing both layers' features
+                corners = bbox_head[i](target + target_prev) + corners_prev
+            boxes = distance2bbox(initial, integral(corners, project), self.reg_scale)
+            if i == self.eval_idx:
+                return self.lqe_layers[i](score_head[i](target), corners), boxes
+            target_prev, corners_prev, ref = target, corners, boxes
+        raise AssertionError("eval_idx is past the last decoder layer")
+
+
+class DFINETransformer(nn.Module):
+    def __init__(self, nc: int, hidden: int, feat_channels: list[int], *, heads: int = 8, num_layers: int = 6,
+                 ffn: int = 1024, points: tuple[int, ...] = (4, 4, 4), num_queries: int = 300, reg_max: int = 32,
+                 reg_scale: float = 4.0, strides: tuple[int, ...] = (8, 16, 32), eval_size: int = 640) -> None:
+        super().__init__()
+        self.hidden, self.num_queries, self.reg_max = hidden, num_queries, reg_max
+        self.up = nn.Parameter(torch.tensor([0.5]), requires_grad=False)
+        self.reg_scale = nn.Parameter(torch.tensor([reg_scale]), requires_grad=False)
+        self.input_proj = nn.ModuleList(
+            nn.Identity() if c == hidden else nn.Sequential(OrderedDict([
+                ("conv", nn.Conv2d(c, hidden, 1, bias=False)), ("norm", nn.BatchNorm2d(hidden))]))
+            for c in feat_channels)
+        self.decoder = TransformerDecoder(lambda: TransformerDecoderLayer(hidden, heads, ffn, points), num_layers,
+                                          heads, reg_max, self.up, self.reg_scale)
+        self.denoising_class_embed = nn.Embedding(nc + 1, hidden, padding_idx=nc)
+        self.query_pos_head = MLP(4, 2 * hidden, hidden, 2)
+        self.enc_output = nn.Sequential(OrderedDict([("proj", nn.Linear(hidden, hidden)),
+                                                     ("norm", nn.LayerNorm(hidden))]))
+        self.enc_score_head = nn.Linear(hidden, nc)
+        self.enc_bbox_head = MLP(hidden, hidden, 4, 3)
+        self.dec_score_head = nn.ModuleList(nn.Linear(hidden, nc) for _ in range(num_layers))
+        self.pre_bbox_head = MLP(hidden, hidden, 4, 3)
+        self.dec_bbox_head = nn.ModuleList(MLP(hidden, hidden, 4 * (reg_max + 1), 3) for _ in range(num_layers))
+        self.integral = Integral(reg_max)
+        # the reference stores the anchors of its evaluation size (checkpoints carry them); other
+        # sizes get theirs from the per-shape cache
+        from libreyolo.models._detr.anchors import make_anchors
+
+        anchors, valid = make_anchors([(eval_size // s, eval_size // s) for s in strides])
+        self.register_buffer("anchors", anchors)
+        self.register_buffer("valid_mask", valid)
+        self._anchors = AnchorCache()
+        init_heads(self)
+
+    def _anchors_for(self, shapes: Shapes, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.anchors.shape[1] == memory.shape[1] and self.anchors.device == memory.device:
+            return self.anchors, self.valid_mask
+        return self._anchors.anchors(shapes, memory.device)
+
+    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        proj = [p(f) for p, f in zip(self.input_proj, feats, strict=True)]
+        shapes = [(int(f.shape[2]), int(f.shape[3])) for f in proj]
+        memory = torch.cat([f.flatten(2).permute(0, 2, 1) for f in proj], dim=1)
+        anchors, valid = self._anchors_for(shapes, memory)
+        shapes = self._anchors.level_shapes(shapes, memory.device)
+
+        output_memory = self.enc_output(valid.to(memory.dtype) * memory)
+        enc_logits = self.enc_score_head(output_memory)
+        # fewer positions than queries (tiny inputs): take them all rather than fail
+        topk = torch.topk(enc_logits.max(-1).values, min(self.num_queries, memory.shape[1]), dim=-1).indices
+        target = output_memory.gather(1, topk.unsqueeze(-1).expand(-1, -1, self.hidden))
+        anchors = anchors.to(memory.dtype).expand(memory.shape[0], -1, -1)
+        ref_unact = self.enc_bbox_head(target) + anchors.gather(1, topk.unsqueeze(-1).expand(-1, -1, 4))
+        logits, boxes = self.decoder(target, ref_unact, memory, shapes, self.dec_bbox_head, self.dec_score_head,
+                                     self.query_pos_head, self.pre_bbox_head, self.integral)
+        return {"pred_logits": logits, "pred_boxes": boxes}

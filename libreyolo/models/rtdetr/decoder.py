@@ -1,0 +1,121 @@
+"""RT-DETR's transformer decoder: query selection from the encoder memory, then deformable layers.
+
+Inference only: the denoising queries (``denoising_class_embed``) exist so that training
+checkpoints load, and are unused here. Every layer's cross-attention samples the memory through
+the ``ms_deform_attn`` kernel slot (registry providers when eligible, portable ``grid_sample``
+otherwise, and always portable while exporting).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libreyolo.kernels.attention import ms_deform_attn
+from libreyolo.models._detr.anchors import AnchorCache
+from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
+
+Shapes = list[tuple[int, int]]
+
+
+class MSDeformableAttention(nn.Module):
+    """Deformable attention with ``points`` sampling points per head and level, around box references."""
+
+    def __init__(self, dim: int, heads: int, levels: int, points: int) -> None:
+        super().__init__()
+        self.dim, self.heads, self.levels, self.points = dim, heads, levels, points
+        self.sampling_offsets = nn.Linear(dim, heads * levels * points * 2)
+        self.attention_weights = nn.Linear(dim, heads * levels * points)
+        self.value_proj = nn.Linear(dim, dim)
+        self.output_proj = nn.Linear(dim, dim)
+
+    def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor,
+                shapes: Shapes) -> torch.Tensor:
+        """``query`` (B, Q, C); ``reference`` (B, Q, 1, 4) boxes (cx, cy, w, h) in [0, 1]; ``value`` (B, S, C)."""
+        b, q = query.shape[:2]
+        value = self.value_proj(value).reshape(b, value.shape[1], self.heads, self.dim // self.heads)
+        offsets = self.sampling_offsets(query).reshape(b, q, self.heads, self.levels, self.points, 2)
+        weights = self.attention_weights(query).reshape(b, q, self.heads, self.levels * self.points)
+        weights = F.softmax(weights, dim=-1).reshape(b, q, self.heads, self.levels, self.points)
+        ref = reference[:, :, None, :, None]
+        locations = ref[..., :2] + offsets / self.points * ref[..., 2:] * 0.5
+        return self.output_proj(ms_deform_attn(value, shapes, locations, weights))
+
+
+class TransformerDecoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, ffn: int, levels: int, points: int) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(dim, heads)
+        self.norm1 = nn.LayerNorm(dim)
+        self.cross_attn = MSDeformableAttention(dim, heads, levels, points)
+        self.norm2 = nn.LayerNorm(dim)
+        self.linear1 = nn.Linear(dim, ffn)
+        self.linear2 = nn.Linear(ffn, dim)
+        self.norm3 = nn.LayerNorm(dim)
+
+    def forward(self, target: torch.Tensor, reference: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
+                query_pos: torch.Tensor) -> torch.Tensor:
+        q = target + query_pos
+        target = self.norm1(target + self.self_attn(q, q, target))
+        target = self.norm2(target + self.cross_attn(target + query_pos, reference, memory, shapes))
+        return self.norm3(target + self.linear2(F.relu(self.linear1(target))))
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(self, layer_fn, num_layers: int, eval_idx: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layer_fn() for _ in range(num_layers))
+        self.eval_idx = eval_idx if eval_idx >= 0 else num_layers + eval_idx
+
+    def forward(self, target: torch.Tensor, ref_unact: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
+                bbox_head: nn.ModuleList, score_head: nn.ModuleList,
+                query_pos_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        ref = torch.sigmoid(ref_unact)
+        for i, layer in enumerate(self.layers):
+            target = layer(target, ref.unsqueeze(2), memory, shapes, query_pos_head(ref))
+            boxes = torch.sigmoid(bbox_head[i](target) + inverse_sigmoid(ref))
+            if i == self.eval_idx:
+                return score_head[i](target), boxes
+            ref = boxes
+        raise AssertionError("eval_idx is past the last decoder layer")
+
+
+class RTDETRTransformer(nn.Module):
+    def __init__(self, nc: int, hidden: int, feat_channels: list[int], *, heads: int = 8, num_layers: int = 6,
+                 ffn: int = 1024, points: int = 4, num_queries: int = 300, eval_idx: int = -1) -> None:
+        super().__init__()
+        self.hidden, self.num_queries = hidden, num_queries
+        levels = len(feat_channels)
+        self.input_proj = nn.ModuleList(nn.Sequential(OrderedDict([
+            ("conv", nn.Conv2d(c, hidden, 1, bias=False)), ("norm", nn.BatchNorm2d(hidden))])) for c in feat_channels)
+        self.decoder = TransformerDecoder(lambda: TransformerDecoderLayer(hidden, heads, ffn, levels, points),
+                                          num_layers, eval_idx)
+        self.denoising_class_embed = nn.Embedding(nc + 1, hidden, padding_idx=nc)
+        self.query_pos_head = MLP(4, 2 * hidden, hidden, 2)
+        self.enc_output = nn.Sequential(nn.Linear(hidden, hidden), nn.LayerNorm(hidden))
+        self.enc_score_head = nn.Linear(hidden, nc)
+        self.enc_bbox_head = MLP(hidden, hidden, 4, 3)
+        self.dec_score_head = nn.ModuleList(nn.Linear(hidden, nc) for _ in range(num_layers))
+        self.dec_bbox_head = nn.ModuleList(MLP(hidden, hidden, 4, 3) for _ in range(num_layers))
+        self._anchors = AnchorCache()
+        init_heads(self)
+
+    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        proj = [p(f) for p, f in zip(self.input_proj, feats, strict=True)]
+        shapes = [(int(f.shape[2]), int(f.shape[3])) for f in proj]
+        memory = torch.cat([f.flatten(2).permute(0, 2, 1) for f in proj], dim=1)
+        anchors, valid = self._anchors.anchors(shapes, memory.device)
+        shapes = self._anchors.level_shapes(shapes, memory.device)
+
+        output_memory = self.enc_output(valid.to(memory.dtype) * memory)
+        enc_logits = self.enc_score_head(output_memory)
+        enc_boxes_unact = self.enc_bbox_head(output_memory) + anchors.to(memory.dtype)
+        # fewer positions than queries (tiny inputs): take them all rather than fail
+        topk = torch.topk(enc_logits.max(-1).values, min(self.num_queries, memory.shape[1]), dim=1).indices
+        ref_unact = enc_boxes_unact.gather(1, topk.unsqueeze(-1).expand(-1, -1, 4))
+        target = output_memory.gather(1, topk.unsqueeze(-1).expand(-1, -1, self.hidden))
+        logits, boxes = self.decoder(target, ref_unact, memory, shapes, self.dec_bbox_head, self.dec_score_head,
+                                     self.query_pos_head)
+        return {"pred_logits": logits, "pred_boxes": boxes}

@@ -1,0 +1,62 @@
+"""The rtdetr family adapter: what predict, graphs, export and runtimes need to know."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.models.base import ExportContract, Family
+from libreyolo.models.registry import register_family
+from libreyolo.models.rtdetr.network import RTDETR, SIZES
+from libreyolo.ops.stretch import Stretch
+from libreyolo.ops.topk import topk_postprocess
+
+# DETR outputs are per-query rows; logits reach tens, so float32 artifacts are held to 1e-4
+# plus a relative 1e-5, and float16 ones (TensorRT) to a looser bound: decoders drift in fp16
+# (docs/export.md)
+DETR_EXPORT = ExportContract(
+    input_name="images",
+    output_names=("pred_logits", "pred_boxes"),
+    output_axes={"pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}},
+    dynamic_batch=True,
+    dynamic_spatial=False,  # anchors and position embeddings are built for the exported size
+    tolerances={"fp32": 1e-4, "fp16": 0.25},
+    rtol={"fp32": 1e-5, "fp16": 2e-2},
+    min_cosine={"fp32": 0.99999, "fp16": 0.99},
+    nms_input=None,
+    class_axes={"pred_logits": (2, 0)},
+    row_sets=("pred_logits", "pred_boxes"),
+    max_moved_rows=300,  # any, as long as every row has its own match (tied selections reorder many)
+)
+
+
+@register_family
+class RTDETRFamily(Family):
+    name = "rtdetr"
+    task = "detect"
+    sizes = tuple(SIZES)
+    default_size = "r18"
+    default_imgsz = 640
+    stride = 32
+    filename_pattern = r"LibreRTDETR-?(?P<size>r18|r34|r50)"
+    export = DETR_EXPORT
+    nc_key = "decoder.enc_score_head.bias"
+    SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-*parity*)
+
+    def build(self, size: str, nc: int) -> nn.Module:
+        return RTDETR(size, nc)
+
+    def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
+        return outputs["pred_logits"], outputs["pred_boxes"]
+
+    def letterbox(self, imgsz: int) -> Stretch:
+        # the reference resizes with cv2.INTER_LINEAR to imgsz x imgsz, no letterbox, no mean/std
+        return Stretch(imgsz, method="opencv-linear")
+
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, **kw: Any) -> list[dict]:
+        return topk_postprocess(outputs["pred_logits"], outputs["pred_boxes"], metas, conf=kw["conf"],
+                                max_det=kw["max_det"], classes=kw.get("classes"))
+
+    def filename(self, size: str) -> str:
+        return f"LibreRTDETR{size}"

@@ -1,0 +1,165 @@
+"""Checks of values that come from users and from files, written once and used everywhere.
+
+``resolve_device`` is the one gate for ``device=`` (``LibreYOLO()``, ``predict()``,
+``export()``, artifact runtimes and the CLI); ``parse_bool`` the one for flags given as
+strings; the ``check_*`` functions bound what a checkpoint or an artifact's metadata may
+declare, so that a hostile or damaged file gets a clear error before anything is allocated.
+Each takes the error class to raise, so a file field raises :class:`CheckpointError` and a
+call argument :class:`ArgumentError`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from libreyolo.errors import ArgumentError, LibreYOLOError
+
+MAX_CLASSES = 100_000  # classes a model may declare (the head and the names dict grow with it)
+MAX_IMGSZ = 8192       # network input side, in pixels
+MAX_BATCH = 1024       # images in one exported input
+DEVICE_CHOICES = "cpu, cuda, cuda:N (N a GPU index) or mps"
+TRUE_STRINGS, FALSE_STRINGS = ("true", "1"), ("false", "0")
+
+
+def _is_int(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def parse_bool(name: str, value: Any, error: type[LibreYOLOError] = ArgumentError) -> bool:
+    """``True``/``False``, or the strings ``true``/``false``/``1``/``0`` (any case); nothing else.
+
+    A non-empty string such as ``"false"`` is truthy in Python; taking it as ``True`` silently
+    does the opposite of what was asked, so every other value is an error.
+    """
+    if isinstance(value, bool):
+        return value
+    try:
+        import numpy as np
+
+        if isinstance(value, np.bool_):
+            return bool(value)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in TRUE_STRINGS:
+            return True
+        if text in FALSE_STRINGS:
+            return False
+    raise error(f"{name} must be true or false (True/False or the strings 'true'/'false'/'1'/'0'), got {value!r}")
+
+
+def resolve_device(value: Any, name: str = "device"):
+    """A ``torch.device`` this machine can run on, or None for "the default".
+
+    Accepts a ``torch.device``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a GPU index
+    (``0`` or ``"0"`` meaning ``cuda:0``). Refuses pseudo devices such as ``"meta"`` (which
+    has no storage: moving weights there destroys them), unknown names, and CUDA or MPS when
+    they are not available, with an :class:`ArgumentError` that lists the valid values.
+    """
+    if value is None:
+        return None
+    import torch
+
+    if _is_int(value) or (isinstance(value, str) and value.strip().isdigit()):
+        value = f"cuda:{int(value)}"
+    if isinstance(value, torch.device):
+        dev = value
+    elif isinstance(value, str):
+        try:
+            dev = torch.device(value.strip().lower())
+        except (RuntimeError, ValueError):
+            raise ArgumentError(f"{name} {value!r} is not a device; use {DEVICE_CHOICES}") from None
+    else:
+        raise ArgumentError(f"{name} must be a string such as 'cpu' or 'cuda:0', got {type(value).__name__} "
+                            f"{value!r}; use {DEVICE_CHOICES}")
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgumentError(f"{name} {str(dev)!r} requested but CUDA is not available on this machine; "
+                                "use device='cpu'")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ArgumentError(f"{name} {str(dev)!r} does not exist: this machine has {count} CUDA device(s) "
+                                f"(cuda:0..cuda:{count - 1})")
+        return dev
+    if dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ArgumentError(f"{name} 'mps' requested but Apple MPS is not available on this machine; "
+                                "use device='cpu'")
+        return dev
+    raise ArgumentError(f"{name} {str(dev)!r} cannot run a model; use {DEVICE_CHOICES}")
+
+
+def _at(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+def check_nc(value: Any, where: str, error: type[LibreYOLOError]) -> int:
+    """The number of classes: an integer from 1 to :data:`MAX_CLASSES`."""
+    if not _is_int(value) or not 1 <= int(value) <= MAX_CLASSES:
+        raise error(f"{_at(where)}'nc' (number of classes) must be an integer from 1 to {MAX_CLASSES}, got {value!r}")
+    return int(value)
+
+
+def check_names(value: Any, nc: int, where: str, error: type[LibreYOLOError]) -> dict[int, str]:
+    """Class names as ``{0: str, ..., nc - 1: str}``, from a dict (int or digit-string keys) or a list."""
+    if isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    elif isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        raise error(f"{_at(where)}'names' must be a dict {{class id: name}} or a list of names, "
+                    f"got {type(value).__name__}")
+    if len(items) != nc:
+        raise error(f"{_at(where)}'names' has {len(items)} entries but 'nc' is {nc}; they must agree "
+                    "(one name per class)")
+    out: dict[int, str] = {}
+    for key, name in items:
+        idx = int(key) if _is_int(key) or (isinstance(key, str) and key.strip().isdigit()) else None
+        if idx is None or not 0 <= idx < nc:
+            raise error(f"{_at(where)}'names' keys must be the class ids 0..{nc - 1}, got {key!r}")
+        if not isinstance(name, str):
+            raise error(f"{_at(where)}class names must be strings, got {type(name).__name__} {name!r} for class {idx}")
+        out[idx] = name
+    if len(out) != nc:
+        raise error(f"{_at(where)}'names' repeats class ids; expected each of 0..{nc - 1} once")
+    return dict(sorted(out.items()))
+
+
+def check_imgsz(value: Any, stride: int, where: str, error: type[LibreYOLOError], name: str = "imgsz") -> int:
+    """A square input size: a multiple of ``stride`` from ``stride`` to :data:`MAX_IMGSZ`."""
+    if not _is_int(value) or not stride <= int(value) <= MAX_IMGSZ or int(value) % stride:
+        raise error(f"{_at(where)}'{name}' must be a multiple of the stride {stride} from {stride} to {MAX_IMGSZ} "
+                    f"(e.g. 640), got {value!r}")
+    return int(value)
+
+
+def check_batch(value: Any, where: str, error: type[LibreYOLOError], name: str = "batch") -> int:
+    if not _is_int(value) or not 1 <= int(value) <= MAX_BATCH:
+        raise error(f"{_at(where)}{name} must be a positive integer up to {MAX_BATCH}, got {value!r}")
+    return int(value)
+
+
+def check_str(value: Any, field: str, where: str, error: type[LibreYOLOError]) -> str:
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise error(f"{_at(where)}'{field}' must be a short non-empty string, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def nonfinite_keys(state: Mapping[str, Any], limit: int = 5) -> tuple[list[str], int]:
+    """The first ``limit`` floating-point entries holding NaN or Inf, and how many there are."""
+    import torch
+
+    bad: list[str] = []
+    count = 0
+    for key, t in state.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            count += 1
+            if len(bad) < limit:
+                bad.append(key)
+    return bad, count
