@@ -32,7 +32,20 @@ def one_thread():
 
 @pytest.fixture
 def model():
-    return seeded_model("yolo9", "t", device="cpu")
+    m = seeded_model("yolo9", "t", device="cpu")
+    m.inference_options(fold_bn=True)  # the default "auto" folds on CUDA only; test folding here
+    return m
+
+
+def test_default_folds_on_cuda_only_so_cpu_predict_is_the_exact_master_arithmetic():
+    m = seeded_model("yolo9", "t", device="cpu")
+    assert m.inference_options()["fold_bn"] == "auto"
+    x = torch.rand(1, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        master = m.family.named_outputs(m.net(x))["predictions"]
+    assert m.inference_copy().folded == 0
+    assert torch.equal(m._forward(x)["predictions"], master)
+    assert m._copies().key("cuda:0", torch.float32).fold_bn and not m._copies().key("cpu", torch.float32).fold_bn
 
 
 def _master(model) -> dict[str, tuple[torch.Tensor, int]]:
@@ -120,6 +133,7 @@ def test_weight_changes_retire_the_copies(model):
     model._forward(x)
     first = model.inference_copy()
     other = seeded_model("yolo9", "t", seed=5, device="cpu")
+    other.inference_options(fold_bn=True)  # the same derivation as `model`
     model.load_weights(other.net.state_dict())
     assert first.retired and model.inference_copy() is not first
     assert torch.equal(model._forward(x)["predictions"], other._forward(x)["predictions"])
@@ -231,6 +245,7 @@ def test_folded_copy_meets_the_compat_bar_and_matches_unfolded_detections(compat
 
     for d in fixtures(compat_dir, family="yolo9"):
         model = model_from_fixture(d, compat_fill)
+        model.inference_options(fold_bn=True)  # as on CUDA (the default folds there only)
         s = schema(d)
         recorded = np.load(d / "probes.npz")
         folded = model.inference_module("cpu", torch.float32)

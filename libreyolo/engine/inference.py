@@ -216,7 +216,7 @@ class InferenceCopies:
     their attachments) whenever copies are dropped because the master changed.
     """
 
-    def __init__(self, master: nn.Module, *, fold_bn: bool = True, channels_last: bool | str = "auto",
+    def __init__(self, master: nn.Module, *, fold_bn: bool | str = "auto", channels_last: bool | str = "auto",
                  on_retire: Callable[[str, list[InferenceCopy]], None] | None = None) -> None:
         self.master = master
         self.fold_bn = fold_bn
@@ -237,7 +237,10 @@ class InferenceCopies:
             cl = device.type == "cuda" and dtype == torch.float16
         else:
             cl = bool(self.channels_last)
-        return CopyKey(device, dtype, bool(self.fold_bn), cl)
+        # "auto": fold on CUDA, where it pays; on the CPU predict() keeps the checkpoint's exact
+        # arithmetic, so CPU numbers equal the reference library's (the compatibility contract)
+        fold = device.type == "cuda" if self.fold_bn == "auto" else bool(self.fold_bn)
+        return CopyKey(device, dtype, fold, cl)
 
     # --- lookup ------------------------------------------------------------------------------
     def get(self, device: torch.device | str, dtype: torch.dtype) -> InferenceCopy:

@@ -41,7 +41,7 @@ class Model(Predictor):
         self.net.eval()
         self._half = False  # the default precision of predict() and capture_graph(); the master stays fp32
         self._max_graphs: int | None = None
-        self._inference_opts: dict[str, Any] = {"fold_bn": True, "channels_last": "auto"}
+        self._inference_opts: dict[str, Any] = {"fold_bn": "auto", "channels_last": "auto"}
         self._graph_totals: dict[str, Any] = {"captures": 0, "evictions": 0, "invalidations": 0,
                                               "last_invalidation": None}
         if device is not None:
@@ -143,17 +143,17 @@ class Model(Predictor):
         """The module predict() runs for ``device``/``dtype`` (see :meth:`inference_copy`). Read-only."""
         return self.inference_copy(device, dtype).module
 
-    def inference_options(self, *, fold_bn: bool | None = None,
+    def inference_options(self, *, fold_bn: bool | str | None = None,
                           channels_last: bool | str | None = None) -> dict[str, Any]:
         """Set how inference copies are derived; returns the current options.
 
-        ``fold_bn`` (default True): fold each Conv-BN pair into one convolution (changes float
-        rounding: see docs/inference.md for the measured numerics); False runs the master's exact
-        arithmetic. ``channels_last`` (default "auto": float16 on CUDA only): the memory format.
+        ``fold_bn`` (default "auto": on CUDA only): fold each Conv-BN pair into one convolution
+        (changes float rounding: see docs/inference.md for the measured numerics); False runs the
+        master's exact arithmetic, True folds on every device. ``channels_last`` (default "auto": float16 on CUDA only): the memory format.
         Changing an option retires the current copies (and their CUDA graphs).
         """
-        if fold_bn is not None and not isinstance(fold_bn, bool):
-            raise ArgumentError(f"fold_bn must be True or False, got {fold_bn!r}")
+        if fold_bn is not None and not isinstance(fold_bn, bool) and fold_bn != "auto":
+            raise ArgumentError(f"fold_bn must be True, False or 'auto', got {fold_bn!r}")
         if channels_last is not None and channels_last not in CHANNELS_LAST_CHOICES:
             raise ArgumentError(f"channels_last must be True, False or 'auto', got {channels_last!r}")
         if fold_bn is not None:
