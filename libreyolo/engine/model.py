@@ -149,8 +149,9 @@ class Model(Predictor):
 
         ``fold_bn`` (default "auto": on CUDA only): fold each Conv-BN pair into one convolution
         (changes float rounding: see docs/inference.md for the measured numerics); False runs the
-        master's exact arithmetic, True folds on every device. ``channels_last`` (default "auto": float16 on CUDA only): the memory format.
-        Changing an option retires the current copies (and their CUDA graphs).
+        master's exact arithmetic, True folds on every device. ``channels_last`` (default "auto":
+        float16 on CUDA only): the memory format. Changing an option retires the current copies
+        (and their CUDA graphs).
         """
         if fold_bn is not None and not isinstance(fold_bn, bool) and fold_bn != "auto":
             raise ArgumentError(f"fold_bn must be True, False or 'auto', got {fold_bn!r}")
