@@ -34,7 +34,7 @@ def _assert_identical(report):
     # the sample image (a real scene) must match box for box; the synthetic ramps probe has exactly
     # equal scores at anchors that see the same smooth pattern, where the matcher may pair a tie swap
     real = [d for d in v.detections if d["probe"].startswith(("sample", "predict(sample)"))]
-    assert len(real) == 2 and all(d["identical"] for d in real), v.text()
+    assert len(real) >= 2 and all(d["identical"] for d in real), v.text()
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
