@@ -71,5 +71,7 @@ def test_loading_an_engine_without_tensorrt_names_the_extra(tmp_path):
             "output_names": ["predictions"], "input_dtype": "float32", "precision": "fp32", "dynamic_axes": {},
             "letterbox": {"placement": "topleft", "pad_value": 114.0}}
     write_sidecar(engine, meta)
-    with pytest.raises((MissingDependencyError, ArgumentError), match="tensorrt|NVIDIA GPU"):
+    from libreyolo.runtimes.base import RuntimeUnavailableError
+
+    with pytest.raises((MissingDependencyError, ArgumentError, RuntimeUnavailableError), match="tensorrt|NVIDIA GPU"):
         LibreYOLO(engine)
