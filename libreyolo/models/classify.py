@@ -52,6 +52,8 @@ class ClassifyFamily(Family):
     # the only input size the network accepts (fixed position embeddings), or None for any
     # multiple of ``stride``
     fixed_imgsz: ClassVar[int | None] = 224
+    # why the size is fixed, for the error message
+    fixed_imgsz_reason: ClassVar[str] = "its position embedding is fixed"
 
     def letterbox(self, imgsz: int) -> ResizeCrop:
         return ResizeCrop(imgsz, crop_pct=self.crop_pct, mean=self.mean, std=self.std)
@@ -63,8 +65,8 @@ class ClassifyFamily(Family):
             value = value[0]
         if isinstance(value, bool) or value != self.fixed_imgsz:
             raise ArgumentError(
-                f"{self.name} takes {self.fixed_imgsz}x{self.fixed_imgsz} inputs only (its position embedding "
-                f"is fixed, as in the reference library), got imgsz={value!r}; use imgsz={self.fixed_imgsz}"
+                f"{self.name} takes {self.fixed_imgsz}x{self.fixed_imgsz} inputs only ({self.fixed_imgsz_reason}, "
+                f"as in the reference library), got imgsz={value!r}; use imgsz={self.fixed_imgsz}"
             )
         return self.fixed_imgsz
 

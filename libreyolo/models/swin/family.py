@@ -23,6 +23,7 @@ class Swin(ClassifyFamily):
     filename_pattern = r"LibreSwin(?P<size>[tsb])-cls"
     crop_pct = 0.9  # ImageNet mean/std (the ClassifyFamily default), bicubic resize
     fixed_imgsz = 224
+    fixed_imgsz_reason = "which blocks shift their windows is laid out for 224 px"
     nc_key = "head.fc.bias"
     SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-graph-parity-*)
 
