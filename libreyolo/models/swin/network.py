@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from libreyolo.kernels.attention import attention
+from libreyolo.layers.mlp import Mlp
 
 __all__ = ["SIZES", "SwinConfig", "SwinTransformer", "WindowAttention", "shifted_window_mask"]
 
@@ -123,17 +124,6 @@ class WindowAttention(nn.Module):
             bias = bias.expand(bw // windows, -1, -1, -1, -1).reshape(bw, self.num_heads, n, n)
         out = attention(q, k, v, mask=bias.to(q.dtype), scale=self.scale, fused=self.fused_attn)
         return self.proj(out.transpose(1, 2).reshape(bw, n, c))
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 class SwinBlock(nn.Module):

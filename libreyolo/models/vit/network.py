@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from libreyolo.kernels.attention import attention
+from libreyolo.layers.mlp import Mlp
 
 PATCH_SIZE = 16
 IMG_SIZE = 224
@@ -59,17 +60,6 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         x = attention(q, k, v, scale=self.scale, fused=self.fused_attn)
         return self.proj(x.transpose(1, 2).reshape(b, n, c))
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 class Block(nn.Module):
