@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The recorded H200 session: GPU tests, graph parity matrix, serving/attention/DETR benchmarks.
-# Usage (on the GPU machine, repo root, .peer = unpacked reference wheel): bash bench/run_h200.sh tests|bench OUTDIR
+# Usage (on the GPU machine, repo root, .peer = unpacked reference wheel): bash bench/run_h200.sh tests|bench|serving OUTDIR
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -16,4 +16,9 @@ if [ "$phase" = bench ]; then
   timeout 200 python bench/graph_bench.py --peer --json "$out/$day-graph-bench-h200.json" 2>&1 | tail -30
   timeout 120 python bench/attention_bench.py --device cuda --out "$out/$day-attention-h200.json" 2>&1 | tail -30
   timeout 200 python bench/detr_bench.py --peer-python /tmp/peerpy --json "$out/$day-detr-h200.json" 2>&1 | tail -30
+fi
+if [ "$phase" = serving ]; then
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 580 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --json "$out/$day-serving-h200.json" \
+    > "$out/$day-serving-h200.log" 2>&1; echo "serving rc=$?"; tail -80 "$out/$day-serving-h200.log"
 fi

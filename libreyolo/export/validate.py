@@ -244,12 +244,26 @@ def _progress(items: list, desc: str) -> Any:
 
 
 def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -> ValidationReport:
-    """Run the artifact at ``path`` with its runtime and compare it with ``model``."""
+    """Run the artifact at ``path`` with its runtime and compare it with ``model``.
+
+    On CUDA, float32 is compared with TF32 off on both sides (:func:`exact_float32`): the
+    comparison is of two float32 programs, not of their TF32 noise.
+    """
+    from libreyolo.utils.numerics import exact_float32
+
+    with exact_float32(opts.device):
+        report = _validate(model, exporter, path, opts)
+    if opts.device.type == "cuda" and opts.precision == "fp32":
+        report.notes.append("compared with TF32 off (cuDNN and cuBLAS) on both sides")
+    return report
+
+
+def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -> ValidationReport:
     start = time.perf_counter()
     family = model.family
     runtime = importlib.import_module(f"libreyolo.runtimes.{exporter.runtime}").load(path, device=opts.device)
     reference = ExportModule(model.net, family, opts.nms, nc=model.nc)
-    atol, rtol, min_cos = family.export.thresholds(exporter.name, opts.precision)
+    atol, rtol, min_cos = family.export.thresholds(exporter.name, opts.precision, opts.device.type)
     iou_min = 0.99 if opts.precision == "fp32" else 0.9
     nms = opts.nms
     conf = max(VALIDATION_CONF, nms["conf"]) if nms else VALIDATION_CONF

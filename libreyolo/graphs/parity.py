@@ -119,7 +119,8 @@ def _seeded_state(family_name: str, size: str, seed: int) -> dict[str, torch.Ten
 
 def probes(family, imgsz: int, *, batch: int = 1, device: torch.device, dtype: torch.dtype = torch.float32,
            seed: int = 0) -> dict[str, torch.Tensor]:
-    """Inputs from different distributions, each (batch, 3, imgsz, imgsz) in [0, 1]."""
+    """Inputs from different distributions, each (batch, 3, imgsz, imgsz), in the range the
+    network takes (pixels times the family's ``input_scale``: [0, 1] or [0, 255])."""
     g = torch.Generator().manual_seed(seed + imgsz + 1000 * batch)
     shape = (batch, 3, imgsz, imgsz)
     yy, xx = torch.meshgrid(torch.linspace(0, 1, imgsz), torch.linspace(0, 1, imgsz), indexing="ij")
@@ -132,7 +133,11 @@ def probes(family, imgsz: int, *, batch: int = 1, device: torch.device, dtype: t
         "normal": (0.5 + 0.25 * torch.randn(shape, generator=g)).clamp(0, 1),
         "ramps": ramps,
     }
-    out = {k: v.to(device=device, dtype=dtype) for k, v in out.items()}
+    # in the network's own input range, like the letterboxed image: 0-1 for most families,
+    # 0-255 for those fed raw 8-bit values (YOLOX: input_scale 1)
+    contract = family.export
+    scale = 255.0 * contract.input_scale if contract.image_input else 1.0
+    out = {k: (v * scale).to(device=device, dtype=dtype) for k, v in out.items()}
     out["image"] = _sample_batch(family, imgsz, batch, device, dtype)
     return out
 

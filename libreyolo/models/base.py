@@ -39,11 +39,15 @@ class ExportContract:
     dynamic_batch: bool = True
     dynamic_spatial: bool = False
     # max abs error on raw outputs allowed per precision, when validating an artifact; a key
-    # "<format>:<precision>" (e.g. "executorch:fp32") overrides the precision's value for one format
+    # "<format>:<precision>" (e.g. "executorch:fp32") overrides the precision's value for one
+    # format, and "<format>:<device type>:<precision>" for one format on one device
     tolerances: dict[str, float] = field(default_factory=lambda: {"fp32": 1e-4, "fp16": 5e-2})
     # allowance relative to the reference value, added to the absolute one: outputs in pixels
-    # (boxes up to ~1000 px) differ by one float32 ulp (6e-5 at 512, 1.2e-4 at 1024)
-    rtol: dict[str, float] = field(default_factory=lambda: {"fp32": 1e-6, "fp16": 1e-2})
+    # (boxes up to ~1000 px) differ by one float32 ulp (6e-5 at 512, 1.2e-4 at 1024).
+    # AOTInductor on CUDA: Inductor's fused Triton kernels and the Conv-BN folding reorder the
+    # fp32 arithmetic of the whole network; boxes move by a few ulps per layer (0.002 px at 640
+    # measured on the H200 for YOLOv9-t), hence 1e-5 relative there (6.4e-3 px at 640)
+    rtol: dict[str, float] = field(default_factory=lambda: {"fp32": 1e-6, "fp16": 1e-2, "aoti:cuda:fp32": 1e-5})
     # minimum cosine similarity of raw outputs per precision
     min_cosine: dict[str, float] = field(default_factory=lambda: {"fp32": 0.99999, "fp16": 0.999})
     # embedded NMS (export option nms=True): the output holding (B, 4 + nc, N) xyxy boxes in
@@ -65,10 +69,13 @@ class ExportContract:
     row_sets: tuple[str, ...] = ()
     max_moved_rows: int = 0
 
-    def thresholds(self, fmt: str, precision: str) -> tuple[float, float, float]:
-        """(atol, rtol, min cosine) for one format and precision."""
+    def thresholds(self, fmt: str, precision: str, device: str = "cpu") -> tuple[float, float, float]:
+        """(atol, rtol, min cosine) for one format, precision and device type (most specific key wins)."""
         def pick(table: dict[str, float]) -> float:
-            return table.get(f"{fmt}:{precision}", table[precision])
+            for key in (f"{fmt}:{device}:{precision}", f"{fmt}:{precision}", precision):
+                if key in table:
+                    return table[key]
+            raise KeyError(f"no tolerance for {fmt} {precision} on {device}")
 
         return pick(self.tolerances), pick(self.rtol), pick(self.min_cosine)
 

@@ -5,7 +5,11 @@ compiled for (``export_args.device``): it runs there. On CUDA the compiled forwa
 from a CUDA graph (:class:`~libreyolo.graphs.GraphRunner`, ``cuda_graph="auto"`` by default:
 captured the second time an input shape is seen; a capture that fails falls back to the plain
 compiled call, and ``graph_info()`` says why). ``LibreYOLO("x.pt2", cuda_graph=False)`` turns
-that off; ``predict(cuda_graph=True)`` asks for it per call.
+that off; ``predict(cuda_graph=True)`` asks for it per call. A CUDA package is loaded in
+AOTInductor's single-threaded mode (``run_single_threaded``): its default mode checks, on every
+call, with CUDA events whether a model instance is free, and those event queries are illegal
+inside a stream capture ("operation not permitted when stream is capturing"). Single-threaded
+mode drops that bookkeeping, so calls are serialised here by a lock instead.
 
 Verification (``verify=True``, the default): the package bytes and the metadata are checked
 against the hashes stored at export, and the metadata against the graph's recorded shapes.
@@ -46,6 +50,7 @@ class AotiPredictor(ArtifactPredictor):
         self.build = build
         self._graphs = None
         self._graphs_lock = threading.Lock()
+        self._call_lock = threading.Lock()  # the compiled model may run one call at a time
         self._local = threading.local()
 
     @property
@@ -65,7 +70,8 @@ class AotiPredictor(ArtifactPredictor):
             self._local.mode = False
 
     def _call(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
-        outs = self.compiled(batch)
+        with self._call_lock:
+            outs = self.compiled(batch)
         outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
         return dict(zip(self.output_names, outs, strict=True))
 
@@ -141,8 +147,8 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
             raise RuntimeUnavailableError(f"{path.name} was compiled for CUDA and this machine has no CUDA device")
         dev = torch.device("cuda", dev.index if dev.index is not None else (compiled_for.index or 0))
     try:
-        compiled = torch._inductor.aoti_load_package(str(path), device_index=dev.index if dev.index is not None
-                                                     else -1)
+        compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=dev.type == "cuda",
+                                                     device_index=dev.index if dev.index is not None else -1)
     except Exception as exc:  # noqa: BLE001 - a package this torch cannot load is a file problem for the user
         raise CheckpointError(f"AOTInductor cannot load {path} ({type(exc).__name__}: {exc}); it was compiled "
                               f"with torch {build.get('torch', '?')}, this is torch {torch.__version__}: "
