@@ -54,7 +54,8 @@ PIPELINE_CHECKS = ("pipeline_probes", "pipeline_thresholds", "pipeline_second_re
 CALIBRATION_SIZE = 256  # large enough that the stride-32 maps are 8x8, small enough for a CPU
 
 
-def seed_weights(net: torch.nn.Module, seed: int, calibration: torch.Tensor | None = None) -> None:
+def seed_weights(net: torch.nn.Module, seed: int, calibration: torch.Tensor | None = None,
+                 gains: dict[str, float] | None = None) -> None:
     """Deterministic weights whose outputs are finite, spread out and depend on the input.
 
     Random convolutions with made-up BatchNorm statistics either blow up through deep residual
@@ -62,6 +63,9 @@ def seed_weights(net: torch.nn.Module, seed: int, calibration: torch.Tensor | No
     gain: outputs for different probes differed by 1e-4). So, given a ``calibration`` batch,
     the BatchNorm running statistics are measured on it (training-mode forward, cumulative
     average): every normalised layer then sees unit-scale activations at any depth.
+    ``gains``: state-dict name prefixes whose seeded values are multiplied (a family's
+    ``parity_seed_gains``, e.g. YOLOX's box-size logits, which it exponentiates: at unit scale
+    their noise-probe outliers overflow fp16).
     """
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -79,7 +83,8 @@ def seed_weights(net: torch.nn.Module, seed: int, calibration: torch.Tensor | No
                 v = 0.8 + 0.4 * torch.rand(t.shape, generator=g)
             else:
                 v = 0.1 * torch.randn(t.shape, generator=g)
-            t.copy_(v.to(t.dtype))
+            gain = next((g for prefix, g in (gains or {}).items() if name.startswith(prefix)), 1.0)
+            t.copy_((v * gain).to(t.dtype))
         norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         if calibration is None or not norms:
             return
@@ -113,7 +118,7 @@ def _seeded_state(family_name: str, size: str, seed: int) -> dict[str, torch.Ten
     family = get_family(family_name)
     model = Model(family, size, nc=80, names={i: str(i) for i in range(80)}, imgsz=family.default_imgsz)
     calibration = torch.cat(list(probes(family, CALIBRATION_SIZE, device=torch.device("cpu"), seed=seed + 7).values()))
-    seed_weights(model.net, seed, calibration)
+    seed_weights(model.net, seed, calibration, gains=family.parity_seed_gains)
     return {k: v.clone() for k, v in model.net.state_dict().items()}
 
 
@@ -133,10 +138,12 @@ def probes(family, imgsz: int, *, batch: int = 1, device: torch.device, dtype: t
         "normal": (0.5 + 0.25 * torch.randn(shape, generator=g)).clamp(0, 1),
         "ramps": ramps,
     }
-    # in the network's own input range, like the letterboxed image: 0-1 for most families,
-    # 0-255 for those fed raw 8-bit values (YOLOX: input_scale 1)
-    contract = family.export
-    scale = 255.0 * contract.input_scale if contract.image_input else 1.0
+    # in the network's own input range, like the letterboxed image: pixels times the family's
+    # input_scale (0-1 for most families, 0-255 for YOLOX), unless a mean/std normalisation
+    # follows (classifiers: their normalised inputs are around [-2, 2], so 0-1 stays)
+    box = family.letterbox(imgsz)
+    std = box.normalization().get("std", [1.0] * 3) if hasattr(box, "normalization") else [1.0] * 3
+    scale = 255.0 * family.export.input_scale if all(float(v) == 1.0 for v in std) else 1.0
     out = {k: (v * scale).to(device=device, dtype=dtype) for k, v in out.items()}
     out["image"] = _sample_batch(family, imgsz, batch, device, dtype)
     return out
@@ -354,7 +361,9 @@ def run_matrix(families: Sequence[str] | None = None, sizes: Sequence[str] | Non
         fam_rows = []
         for size in (s for s in fam.sizes if not sizes or s in sizes):
             t0 = time.perf_counter()
-            got = check_family_size(name, size, device=device, imgszs=imgszs, seed=seed,
+            # a network that takes one input size only is checked at that size
+            at = (fam.fixed_imgsz,) * 2 if fam.fixed_imgsz else imgszs
+            got = check_family_size(name, size, device=device, imgszs=at, seed=seed,
                                     backend=backend_factory() if backend_factory else None)
             fails = [r["check"] for r in got if r["result"] == "fail"]
             log(f"{name}-{size}: {'FAIL ' + ', '.join(fails) if fails else 'all checks pass'} "

@@ -98,6 +98,12 @@ class Family:
     # one CUDA graph from the letterboxed batch to padded detections (forward + device_postprocess);
     # set only once the pipeline parity check passes (libreyolo.graphs.parity, docs/graphs.md)
     SUPPORTS_PIPELINE_GRAPH: ClassVar[bool] = False
+    # the parity harness's seeded weights: state-dict name prefixes whose values it scales
+    # (libreyolo.graphs.parity.seed_weights), for outputs that must stay in fp16 range
+    parity_seed_gains: ClassVar[dict[str, float]] = {}
+    # the one input size the network takes (e.g. a fixed position embedding), or None for any
+    # multiple of ``stride``
+    fixed_imgsz: ClassVar[int | None] = None
     # state-dict key whose first dimension is the number of classes: a checkpoint's 'nc' is
     # checked against it before the network is built (None: no such check for this family)
     nc_key: ClassVar[str | None] = None

@@ -1,15 +1,14 @@
 """AOTInductor runtime: runs a ``.pt2`` package compiled by ``format=aoti`` through the shared predict().
 
 The package says what it is (``extra/libreyolo_metadata.json``) and which device it was
-compiled for (``export_args.device``): it runs there. On CUDA the compiled forward is replayed
-from a CUDA graph (:class:`~libreyolo.graphs.GraphRunner`, ``cuda_graph="auto"`` by default:
-captured the second time an input shape is seen; a capture that fails falls back to the plain
-compiled call, and ``graph_info()`` says why). ``LibreYOLO("x.pt2", cuda_graph=False)`` turns
-that off; ``predict(cuda_graph=True)`` asks for it per call. A CUDA package is loaded in
-AOTInductor's single-threaded mode (``run_single_threaded``): its default mode checks, on every
-call, with CUDA events whether a model instance is free, and those event queries are illegal
-inside a stream capture ("operation not permitted when stream is capturing"). Single-threaded
-mode drops that bookkeeping, so calls are serialised here by a lock instead.
+compiled for (``export_args.device``): it runs there, calls serialised by a lock.
+
+No CUDA graph: AOTInductor's default runner checks, on every call, with CUDA events whether a
+model instance is free, and event queries are illegal inside a stream capture ("operation not
+permitted when stream is capturing"; a failed capture also leaves the CUDA generator in capture
+state). Its single-threaded mode, which drops that check, crashes while loading the package with
+torch 2.11 (H200, 2026-12-01). So ``predict(cuda_graph=True)`` on a package logs one line and
+runs the compiled call; the compiled program already fuses the network into far fewer kernels.
 
 Verification (``verify=True``, the default): the package bytes and the metadata are checked
 against the hashes stored at export, and the metadata against the graph's recorded shapes.
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.export.aoti import pt2_content_sha256, read_build_info, read_metadata_strings
@@ -34,40 +32,38 @@ from libreyolo.runtimes.base import (
     check_metadata,
 )
 from libreyolo.utils.checks import parse_bool, resolve_device
+from libreyolo.utils.log import LOGGER
 
 GRAPH_MODES = (False, True, "auto")
+NO_GRAPH_REASON = ("an AOTInductor package is not captured in a CUDA graph: its runner queries CUDA events on every "
+                   "call, which a stream capture forbids (see libreyolo.runtimes.aoti); running the compiled call")
 
 
 class AotiPredictor(ArtifactPredictor):
     format = "aoti"
 
     def __init__(self, path: Path, meta: dict[str, Any], compiled: Any, device: torch.device,
-                 cuda_graph: bool | str, build: dict[str, Any]) -> None:
+                 build: dict[str, Any]) -> None:
         super().__init__(path, meta)
         self.compiled = compiled
         self._device = device
-        self.graph_mode = cuda_graph if device.type == "cuda" else False
         self.build = build
-        self._graphs = None
-        self._graphs_lock = threading.Lock()
-        self._call_lock = threading.Lock()  # the compiled model may run one call at a time
-        self._local = threading.local()
+        self._call_lock = threading.Lock()  # one call at a time through the compiled runner
+        self._told = False
 
     @property
     def device(self) -> torch.device:
         return self._device
 
     def describe(self) -> str:
-        graphs = f", CUDA graph {self.graph_mode}" if self.graph_mode else ""
-        return f"aotinductor (torch {torch.__version__}) [{self._device}{graphs}]"
+        return f"aotinductor (torch {torch.__version__}) [{self._device}]"
 
     # --- the call ----------------------------------------------------------------------------
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
-        self._local.mode = cuda_graph if cuda_graph else self.graph_mode
-        try:
-            return super()._forward(batch)
-        finally:
-            self._local.mode = False
+        if cuda_graph and not self._told:
+            self._told = True
+            LOGGER.info(NO_GRAPH_REASON)
+        return super()._forward(batch)
 
     def _call(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
         with self._call_lock:
@@ -76,31 +72,19 @@ class AotiPredictor(ArtifactPredictor):
         return dict(zip(self.output_names, outs, strict=True))
 
     def _run(self, batch: torch.Tensor) -> list[torch.Tensor]:
-        mode = getattr(self._local, "mode", False)
-        named = self._graph_runner()(batch, mode) if mode else self._call(batch)
+        named = self._call(batch)
         return [named[n] for n in self.output_names]
 
-    def _graph_runner(self):
-        """The package's :class:`~libreyolo.graphs.GraphRunner` (one per model, made on first use)."""
-        if self._graphs is None:
-            with self._graphs_lock:
-                if self._graphs is None:
-                    from libreyolo.graphs import GraphRunner
-
-                    # the compiled model holds its own weights; the runner watches an empty module
-                    self._graphs = GraphRunner(nn.Module(), self._call, backend=self.__dict__.get("_graph_backend"))
-        return self._graphs
-
     def graph_info(self) -> dict[str, Any]:
-        """Graphs captured of the compiled forward (schema of ``Model.graph_info()``, docs/graphs.md)."""
-        return {"family": self.family.name, "supported": True, **self._graph_runner().info()}
+        """Schema of ``Model.graph_info()``: never supported for a package (see the module docstring)."""
+        return {"family": self.family.name, "supported": False, "reason": NO_GRAPH_REASON, "captures": 0,
+                "graphs": []}
 
     def release_graphs(self) -> None:
-        if self._graphs is not None:
-            self._graphs.release()
+        pass
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "compile_s": self.build.get("compile_s"), "graph_mode": self.graph_mode}
+        return {**super().info(), "compile_s": self.build.get("compile_s")}
 
 
 def _package_device(meta: dict[str, Any], where: str) -> torch.device:
@@ -115,11 +99,12 @@ def _package_device(meta: dict[str, Any], where: str) -> torch.device:
 
 
 def load(path: str | Path, device: str | torch.device | None = None, *, verify: bool = True,
-         cuda_graph: bool | str = "auto", **kw: Any) -> AotiPredictor:
+         cuda_graph: bool | str = False, **kw: Any) -> AotiPredictor:
     """Open an AOTInductor ``.pt2`` package on the device it was compiled for.
 
     ``device``: None, or the same device type as the package (a CUDA package may name another
-    GPU index). ``cuda_graph``: "auto" (default), True or False, for CUDA packages.
+    GPU index). ``cuda_graph``: accepted (False, True or "auto") like other models'; a package
+    is never captured (module docstring).
     """
     if kw:
         raise TypeError(f"unexpected arguments for an AOTInductor model: {sorted(kw)}")
@@ -147,10 +132,10 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
             raise RuntimeUnavailableError(f"{path.name} was compiled for CUDA and this machine has no CUDA device")
         dev = torch.device("cuda", dev.index if dev.index is not None else (compiled_for.index or 0))
     try:
-        compiled = torch._inductor.aoti_load_package(str(path), run_single_threaded=dev.type == "cuda",
-                                                     device_index=dev.index if dev.index is not None else -1)
+        compiled = torch._inductor.aoti_load_package(str(path), device_index=dev.index if dev.index is not None
+                                                     else -1)
     except Exception as exc:  # noqa: BLE001 - a package this torch cannot load is a file problem for the user
         raise CheckpointError(f"AOTInductor cannot load {path} ({type(exc).__name__}: {exc}); it was compiled "
                               f"with torch {build.get('torch', '?')}, this is torch {torch.__version__}: "
                               "re-export it with this version") from None
-    return AotiPredictor(path, meta, compiled, dev, cuda_graph, build)
+    return AotiPredictor(path, meta, compiled, dev, build)
