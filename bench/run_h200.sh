@@ -19,7 +19,7 @@ if [ "$phase" = bench ]; then
 fi
 if [ "$phase" = serving ]; then
   printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
-  timeout 450 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 \
+  timeout 480 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 ${SERVING_ARGS:-} \
     --json "$out/$day-serving-h200.json" > "$out/$day-serving-h200.log" 2>&1
   echo "serving rc=$?"; tail -75 "$out/$day-serving-h200.log"
 fi

@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                       if k not in ("json", "export_one", "half")}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        files = prepare_weights(work, args.shared)
+        files = prepare_weights(work, args.shared.resolve())  # absolute: the reference runs elsewhere
         packages = {} if args.no_aoti or device != "cuda" else export_all(files, args.precisions, work)
         ours = bench_ours(files, packages, args, device)
         if not args.no_families:
