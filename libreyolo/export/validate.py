@@ -103,20 +103,31 @@ def compare_outputs(ref: torch.Tensor, got: torch.Tensor, atol: float, rtol: flo
             "allowed": float(allowed.flatten()[worst]) if err.numel() else atol, "cosine": cos, "passed": ok}
 
 
-def _detection_conf(model: Any, sample: torch.Tensor, conf: float, wanted: int = 100) -> float:
+def _detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, wanted: int = 100) -> float:
     """``conf``, lowered when fewer than ``wanted`` (box, class) pairs of the sample pass it, so
     that the decoded-detection comparison always has detections to compare."""
-    name = model.family.export.nms_input
-    if name is None:
-        return conf
+    family = model.family
     with torch.inference_mode():
-        out = model.family.named_outputs(model.net(sample.to(model.device, next(model.net.parameters()).dtype)))
-    scores = out[name][:, 4:].float().flatten()
-    if not bool(torch.isfinite(out[name]).all()):
+        out = family.named_outputs(model.net(sample.to(model.device, next(model.net.parameters()).dtype)))
+    if not all(bool(torch.isfinite(t).all()) for t in out.values() if t.is_floating_point()):
         from libreyolo.export.base import ExportError
 
         raise ExportError("the eager model itself outputs NaN or Inf on the sample image (overflowing or broken "
                           "weights), so there is nothing valid to export or compare; nothing was written")
+    name = family.export.nms_input
+    if name is None:
+        if family.task != "detect":
+            return conf
+        # no candidate tensor to rank (a set predictor, e.g. DETR): step conf down until the
+        # family's own postprocessing keeps enough detections
+        for c in (conf, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001):
+            if c > conf:
+                continue
+            kept = family.postprocess(out, metas, conf=c, iou=0.45, max_det=300, classes=None)
+            if sum(int(k["conf"].numel()) for k in kept) >= min(wanted, 20):
+                return c
+        return c
+    scores = out[name][:, 4:].float().flatten()
     if int((scores > conf).sum()) >= wanted or scores.numel() <= wanted:
         return conf
     return float(scores.topk(wanted).values[-1]) * 0.999
@@ -275,7 +286,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -
 
     sample, sample_metas = sample_batch(family, opts.imgsz)
     if not nms:
-        conf = _detection_conf(model, sample, conf)
+        conf = _detection_conf(model, sample, sample_metas, conf)
         if conf < VALIDATION_CONF:
             report.notes.append(f"the eager model scores few boxes above {VALIDATION_CONF} on the sample image "
                                 f"(e.g. untrained weights), so detections are compared at conf={conf:.3g}")
