@@ -221,7 +221,9 @@ def atomic_write(path: str | Path, write) -> Path:
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, *, family: Family, size: str, nc: int,
-                    names: dict[int, str], imgsz: int) -> Path:
+                    names: dict[int, str], imgsz: int, extra: dict[str, Any] | None = None) -> Path:
+    """Write a reference-format checkpoint atomically; ``extra`` entries (e.g. a training run's
+    ``train_state`` for resuming) are stored beside the reference keys, which readers ignore."""
     state = {k: v.detach().to("cpu", copy=True).float() if v.is_floating_point() else v.detach().cpu()
              for k, v in model.state_dict().items()}
     payload = {
@@ -235,6 +237,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, *, family: Family,
         "names": {int(k): str(v) for k, v in names.items()},
         "imgsz": int(imgsz),
         **family.extra_meta,
+        **(extra or {}),
     }
     return atomic_write(path, lambda tmp: torch.save(payload, tmp))
 

@@ -226,10 +226,76 @@ def cmd_export(args: dict[str, Any]) -> int:
     return run_export(args)
 
 
+TRAIN_OPTS: dict[str, Opt] = {
+    "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml) to start from; a run's last.pt with resume"),
+    "data": Opt(str, None, "dataset YAML (detect: path/train/val/names) or image-folder root (classify)"),
+    "epochs": Opt(int, 100, "epochs"),
+    "imgsz": Opt(_imgsz, None, "training input size (default from the model)"),
+    "batch": Opt(int, 16, "images per batch (all ranks together)"),
+    "workers": Opt(int, 2, "DataLoader worker processes"),
+    "device": Opt(_device, None, "cpu, cuda, cuda:N"),
+    "optimizer": Opt(str, "auto", "SGD, AdamW or auto (SGD)"),
+    "lr0": Opt(float, 0.01, "initial learning rate"),
+    "lrf": Opt(float, 0.01, "final learning rate as a fraction of lr0"),
+    "cos_lr": Opt(_bool, True, "cosine decay (false: linear)", True),
+    "warmup_epochs": Opt(float, 3.0, "warm-up epochs"),
+    "amp": Opt(_bool, True, "mixed precision (CUDA)", True),
+    "ema": Opt(_bool, True, "keep an EMA of the weights (validated and saved)", True),
+    "mosaic": Opt(float, 1.0, "mosaic probability (detect)"),
+    "close_mosaic": Opt(int, 10, "turn mosaic off for the last N epochs"),
+    "seed": Opt(int, 0, "random seed"),
+    "project": Opt(str, "runs/train", "parent folder of runs"),
+    "name": Opt(str, "exp", "run folder name (a number is appended when it exists)"),
+    "exist_ok": Opt(_bool, False, "reuse an existing run folder", True),
+    "resume": Opt(_bool, False, "continue the run of model=<run>/weights/last.pt", True),
+    "val": Opt(_bool, True, "validate every epoch", True),
+    "cuda_graph": Opt(_bool, False, "capture the training step in CUDA graphs (never stops a run)", True),
+}
+
+VAL_OPTS: dict[str, Opt] = {
+    "model": Opt(str, None, "checkpoint (.pt)"),
+    "data": Opt(str, None, "dataset YAML (detect) or image-folder root (classify)"),
+    "imgsz": Opt(_imgsz, None, "input size (default from the model)"),
+    "batch": Opt(int, 16, "images per batch"),
+    "workers": Opt(int, 2, "DataLoader worker processes"),
+    "device": Opt(_device, None, "cpu, cuda, cuda:N"),
+    "conf": Opt(float, 0.001, "confidence threshold (mAP is computed over all confidences)"),
+    "iou": Opt(float, 0.7, "NMS IoU threshold"),
+}
+
+
+def cmd_train(args: dict[str, Any]) -> int:
+    import json
+
+    from libreyolo import LibreYOLO
+
+    if not args["model"]:
+        raise UsageError("train needs model=<checkpoint|architecture>, e.g. model=LibreYOLO9t.yaml")
+    opts = {k: v for k, v in args.items() if k != "model"}
+    model = LibreYOLO(args.pop("model"), device=args["device"])
+    summary = model.train(**opts)
+    print(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+def cmd_val(args: dict[str, Any]) -> int:
+    import json
+
+    from libreyolo import LibreYOLO
+
+    if not args["model"] or not args["data"]:
+        raise UsageError("val needs model=<checkpoint> and data=<dataset YAML or image-folder root>")
+    model = LibreYOLO(args.pop("model"), device=args["device"])
+    print(json.dumps(model.val(**args), indent=1))
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
     "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "Time predict(), eager and with CUDA graphs."),
+    "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
+    "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, or top-1/top-5)."),
 }
 
 

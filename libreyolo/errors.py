@@ -18,6 +18,10 @@ class ArgumentError(LibreYOLOError, ValueError):
     """A predict/export argument has a wrong value."""
 
 
+class DatasetError(LibreYOLOError, ValueError):
+    """A training or validation dataset is unusable (data YAML, folders, or no readable images)."""
+
+
 class MissingDependencyError(LibreYOLOError, ImportError):
     """An optional package is needed; the message names the extra to install."""
 

@@ -394,6 +394,30 @@ class Model(Predictor):
         return str(save_checkpoint(path, self.net, family=self.family, size=self.size, nc=self.nc,
                                    names=self.names, imgsz=self.imgsz))
 
+    def train(self, **kwargs: Any) -> dict[str, Any]:
+        """Train on a dataset: ``model.train(data="data.yaml", epochs=100, imgsz=640, batch=16)``.
+
+        Options and defaults: :class:`libreyolo.train.trainer.TrainArgs` (README, Training). Writes
+        ``runs/train/<name>/`` (weights/last.pt and best.pt, results.csv/json/png); the model ends
+        holding the trained (EMA) weights. Returns a summary (paths, last metrics, best fitness).
+        """
+        from libreyolo.train.trainer import train
+
+        summary = train(self, **kwargs)
+        self._train_graph = summary.get("graph")
+        return summary
+
+    def train_graph_info(self) -> dict[str, Any] | None:
+        """CUDA-graph use of the last :meth:`train` run: requested, captured shapes, replays, eager
+        batches and the reason when nothing was captured (None before any run)."""
+        return self.__dict__.get("_train_graph")
+
+    def val(self, **kwargs: Any) -> dict[str, float]:
+        """Metrics on a dataset's val split: mAP50-95 and mAP50 (detect), top-1 and top-5 (classify)."""
+        from libreyolo.train.trainer import val
+
+        return val(self, **kwargs)
+
     def export(self, format: str = "onnx", **opts: Any):  # noqa: A002 - the name users know
         """Export to ``onnx``/``executorch``/``coreml``/``tensorrt``, validated against this model.
 

@@ -101,6 +101,11 @@ class Family:
     # the parity harness's seeded weights: state-dict name prefixes whose values it scales
     # (libreyolo.graphs.parity.seed_weights), for outputs that must stay in fp16 range
     parity_seed_gains: ClassVar[dict[str, float]] = {}
+    # training: "module:attr" of the loss factory (libreyolo.train.loss), called as factory(nc=...,
+    # **hyperparameters it accepts); None while the family cannot be trained. ``training_items``
+    # names the loss components the factory's loss returns (progress bar, results.csv)
+    training: ClassVar[str | None] = None
+    training_items: ClassVar[tuple[str, ...]] = ("loss",)
     # the one input size the network takes (e.g. a fixed position embedding), or None for any
     # multiple of ``stride``
     fixed_imgsz: ClassVar[int | None] = None

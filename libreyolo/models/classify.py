@@ -42,6 +42,7 @@ class ClassifyFamily(Family):
     """Base of every image-classification family (task ``classify``)."""
 
     task = "classify"
+    training = "libreyolo.train.loss.classify:ClassificationLoss"  # label-smoothed cross-entropy
     default_imgsz = 224
     stride = 16
     export = CLASSIFY_EXPORT

@@ -35,6 +35,8 @@ class Yolo9(Family):
         class_axes={"predictions": (1, 4)},  # (B, 4 box coordinates + nc class scores, anchors)
     )
     SUPPORTS_CUDA_GRAPH = True  # verified by the graph parity matrix (docs/graph_parity.md)
+    training = "libreyolo.train.loss.yolo9:DetectionLoss"  # task-aligned assigner, CIoU, DFL, BCE
+    training_items = ("box_loss", "cls_loss", "dfl_loss")
     SUPPORTS_PIPELINE_GRAPH = True  # verified by the pipeline rows of the same matrix (tests/test_graphs_gpu.py)
     nc_key = "head.cv3.0.2.bias"  # the first level's class conv: one output per class
 

@@ -1,0 +1,127 @@
+"""A synthetic dataset of coloured shapes, for smoke tests and tutorials without downloads.
+
+Detection: each image holds 1-6 solid shapes (square, circle, triangle; classes 0, 1, 2) of a
+random bright colour, 8%-40% of the image's long side, on a noisy textured background, written in
+the YOLO layout (``images/{train,val}``, ``labels/{train,val}``, ``data.yaml``). Boxes are exact:
+each shape is drawn inside its box and touches all four sides. Shapes may overlap (at most a
+quarter of the smaller one's box), never so much that a box loses its object. Image sizes vary (the long side is
+``imgsz``, the other 75%-100% of it), so letterboxing is exercised.
+
+Classification: an image-folder tree ``train/<class>/*.jpg``, ``val/<class>/*.jpg`` with one
+large shape per image.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+CLASSES = ("square", "circle", "triangle")
+_MAX_OVERLAP = 0.25  # at most this share of a shape's box may lie under another shape's box
+
+
+def _background(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """Smooth random colour blotches plus per-pixel noise, uint8 HWC."""
+    coarse = rng.uniform(40, 200, size=(4, 4, 3)).astype(np.uint8)
+    smooth = np.asarray(Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32)
+    noise = rng.normal(0.0, 12.0, size=(h, w, 3))
+    return np.clip(smooth + noise, 0, 255).astype(np.uint8)
+
+
+def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
+    """A saturated, bright colour (stands out from the muted background)."""
+    hsv = Image.new("HSV", (1, 1), (int(rng.integers(0, 256)), int(rng.integers(180, 256)),
+                                    int(rng.integers(180, 256))))
+    return hsv.convert("RGB").getpixel((0, 0))
+
+
+def _draw(draw: ImageDraw.ImageDraw, cls: int, box: tuple[int, int, int, int], colour: tuple[int, int, int]) -> None:
+    """Fill shape ``cls`` so that it covers pixels x1..x2-1, y1..y2-1 (box edges x1, x2)."""
+    x1, y1, x2, y2 = box
+    if cls == 0:
+        draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=colour)
+    elif cls == 1:
+        draw.ellipse((x1, y1, x2 - 1, y2 - 1), fill=colour)
+    else:
+        draw.polygon([(x1, y2 - 1), (x2 - 1, y2 - 1), ((x1 + x2 - 1) / 2, y1)], fill=colour)
+
+
+def _overlap(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    """Intersection over the smaller box's area: how much of the smaller shape could be hidden."""
+    iw = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    smaller = min((a[2] - a[0]) * (a[3] - a[1]), (b[2] - b[0]) * (b[3] - b[1]))
+    return iw * ih / smaller if smaller else 0.0
+
+
+def _shape_box(h: int, w: int, lo: float, hi: float, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    side = max(h, w)
+    size = max(4, int(rng.uniform(lo, hi) * side))
+    size = min(size, h, w)
+    x1, y1 = int(rng.integers(0, w - size + 1)), int(rng.integers(0, h - size + 1))
+    return x1, y1, x1 + size, y1 + size
+
+
+def _image_size(imgsz: int, rng: np.random.Generator) -> tuple[int, int]:
+    short = int(imgsz * rng.uniform(0.75, 1.0))
+    return (imgsz, short) if rng.random() < 0.5 else (short, imgsz)
+
+
+def _detection_image(imgsz: int, rng: np.random.Generator) -> tuple[Image.Image, list[tuple[int, tuple]]]:
+    h, w = _image_size(imgsz, rng)
+    img = Image.fromarray(_background(h, w, rng))
+    draw = ImageDraw.Draw(img)
+    objects: list[tuple[int, tuple[int, int, int, int]]] = []
+    for _ in range(int(rng.integers(1, 7))):
+        for _attempt in range(20):
+            box = _shape_box(h, w, 0.08, 0.40, rng)
+            if all(_overlap(box, other) <= _MAX_OVERLAP for _, other in objects):
+                break
+        else:
+            continue  # no free spot: fewer shapes in this image
+        cls = int(rng.integers(0, len(CLASSES)))
+        objects.append((cls, box))
+        _draw(draw, cls, box, _colour(rng))
+    return img, objects
+
+
+def make_shapes_dataset(root: str | Path, *, n_train: int = 64, n_val: int = 16, imgsz: int = 320,
+                        seed: int = 0, task: str = "detect") -> Path:
+    """Write the shapes dataset under ``root`` and return its ``data.yaml`` (detect) or ``root`` (classify).
+
+    The same arguments always give the same files.
+    """
+    if task not in ("detect", "classify"):
+        raise ValueError(f"task must be 'detect' or 'classify', got {task!r}")
+    if n_train < 1 or n_val < 1 or imgsz < 16:
+        raise ValueError(f"need n_train >= 1, n_val >= 1 and imgsz >= 16, got {n_train}, {n_val}, {imgsz}")
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    if task == "classify":
+        for split, n in (("train", n_train), ("val", n_val)):
+            for name in CLASSES:
+                (root / split / name).mkdir(parents=True, exist_ok=True)
+            for k in range(n):
+                cls = k % len(CLASSES)
+                h, w = _image_size(imgsz, rng)
+                img = Image.fromarray(_background(h, w, rng))
+                _draw(ImageDraw.Draw(img), cls, _shape_box(h, w, 0.45, 0.8, rng), _colour(rng))
+                img.save(root / split / CLASSES[cls] / f"{split}_{k:05d}.jpg", quality=95)
+        return root
+    for split, n in (("train", n_train), ("val", n_val)):
+        (root / "images" / split).mkdir(parents=True, exist_ok=True)
+        (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+        for k in range(n):
+            img, objects = _detection_image(imgsz, rng)
+            stem = f"{split}_{k:05d}"
+            img.save(root / "images" / split / f"{stem}.jpg", quality=95)
+            w, h = img.size
+            lines = [f"{cls} {(b[0] + b[2]) / 2 / w:.6f} {(b[1] + b[3]) / 2 / h:.6f} "
+                     f"{(b[2] - b[0]) / w:.6f} {(b[3] - b[1]) / h:.6f}" for cls, b in objects]
+            (root / "labels" / split / f"{stem}.txt").write_text("\n".join(lines) + "\n")
+    data_yaml = root / "data.yaml"
+    names = "\n".join(f"  {i}: {name}" for i, name in enumerate(CLASSES))
+    data_yaml.write_text(f"# synthetic shapes dataset (libreyolo.train.shapes, seed {seed})\n"
+                         f"path: .\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
+    return data_yaml

@@ -1,0 +1,530 @@
+"""Training and validation: ``model.train(data=...)``, ``model.val(data=...)``, ``libreyolo train/val``.
+
+One loop for every family with a training contract (a loss in :mod:`libreyolo.train.loss`, the
+task's dataset in :mod:`libreyolo.train.data`, the task's metrics in :mod:`libreyolo.train.metrics`):
+
+- data: a YOLO-format dataset YAML (detect) or an image-folder root (classify), loaded by a
+  DataLoader with workers and pinned memory (CUDA);
+- optimisation: SGD or AdamW with three parameter groups, linear warm-up then cosine (or linear)
+  decay per iteration, automatic mixed precision on CUDA, gradient accumulation to a nominal
+  batch of 64, gradient clipping, an EMA of the weights (which is what is validated and saved);
+- each epoch: validation (mAP50-95 and mAP50 through faster-coco-eval or pycocotools; top-1 and
+  top-5 for classify), ``last.pt`` and ``best.pt`` written atomically in the reference checkpoint
+  format (plus a ``train_state`` entry for resuming), a row in ``results.csv``/``results.json``
+  and, at the end, ``results.png``;
+- ``resume=True`` continues a run from its ``last.pt``;
+- distributed: under ``torchrun`` (``WORLD_SIZE`` > 1) the network is wrapped in
+  DistributedDataParallel (gloo on the CPU, NCCL on CUDA); only rank 0 validates, writes and logs.
+
+``cuda_graph=True`` is accepted and never stops a run: capture of the training step is not
+implemented yet, so it logs one line saying so and trains eagerly (see the README).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.errors import ArgumentError, LibreYOLOError
+from libreyolo.utils.log import LOGGER
+
+NOMINAL_BATCH = 64  # gradients are accumulated up to about this many images per optimizer step
+
+
+@dataclass
+class TrainArgs:
+    """Every training option, with its default (``model.train(**kwargs)`` and ``libreyolo train``)."""
+
+    data: str | None = None
+    epochs: int = 100
+    imgsz: int | None = None  # default: the model's
+    batch: int = 16
+    workers: int = 2
+    device: str | None = None
+    optimizer: str = "auto"
+    lr0: float = 0.01
+    lrf: float = 0.01
+    momentum: float = 0.937
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 3.0
+    cos_lr: bool = True
+    amp: bool = True  # CUDA only; ignored on the CPU
+    ema: bool = True
+    clip: float = 10.0
+    nbs: int = NOMINAL_BATCH  # nominal batch: gradients are accumulated up to about this many images
+    label_smoothing: float = 0.1
+    mosaic: float = 1.0
+    close_mosaic: int = 10
+    degrees: float = 0.0  # detection augmentation (libreyolo.train.augment.AugmentConfig)
+    translate: float = 0.1
+    scale: float = 0.5
+    shear: float = 0.0
+    fliplr: float = 0.5
+    flipud: float = 0.0
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    seed: int = 0
+    project: str = "runs/train"
+    name: str = "exp"
+    exist_ok: bool = False
+    resume: bool = False
+    val: bool = True
+    cuda_graph: bool = False
+    pin_memory: bool = True
+    conf: float = 0.001  # validation thresholds (mAP is computed over all confidences)
+    iou: float = 0.7
+    max_det: int = 300
+    plots: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> TrainArgs:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ArgumentError(f"unknown training argument(s) {unknown}; valid: {', '.join(sorted(known))}")
+        args = cls(**kwargs)
+        args.check()
+        return args
+
+    def check(self) -> None:
+        def positive(name: str, integer: bool = True) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) or v <= 0:
+                raise ArgumentError(f"{name} must be a positive {'integer' if integer else 'number'}, got {v!r}")
+
+        for name in ("epochs", "batch", "nbs"):
+            positive(name)
+        for name in ("lr0", "lrf"):
+            positive(name, integer=False)
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise ArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if not self.data and not self.resume:
+            raise ArgumentError("train needs data=: a dataset YAML (detect) or an image-folder root (classify)")
+
+
+# --- distributed -----------------------------------------------------------------------------------
+def _dist_env() -> tuple[int, int, int]:
+    """(rank, local rank, world size) from torchrun's environment (0, 0, 1 when not distributed)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")), world
+
+
+class Trainer:
+    """One training run of ``model`` (a :class:`~libreyolo.engine.model.Model`) with ``args``."""
+
+    def __init__(self, model: Any, args: TrainArgs) -> None:
+        from libreyolo.utils.checks import resolve_device
+
+        self.args = args
+        self.rank, self.local_rank, self.world = _dist_env()
+        device = resolve_device(args.device) if args.device is not None else model.device
+        if self.world > 1 and device.type == "cuda":
+            device = torch.device("cuda", self.local_rank)
+        self.device = device
+        self.model = model
+        self.amp = bool(args.amp) and device.type == "cuda"
+        self.epoch = 0
+        self.best_fitness: float | None = None
+        self.save_dir: Path | None = None
+        self.graph_note: str | None = None
+
+    # --- set-up ------------------------------------------------------------------------------------
+    def _data(self):
+        from libreyolo.train import data as D
+
+        task = self.model.task
+        if task == "detect":
+            cfg = D.load_data_yaml(self.args.data)
+        elif task == "classify":
+            cfg = D.load_classify_root(self.args.data)
+        else:
+            raise LibreYOLOError(f"training for task {task!r} is not available")
+        return cfg
+
+    def _adapt_classes(self, cfg) -> None:
+        """Make the model's classes the dataset's: a new head when the number differs (weights of
+        every other layer are kept), the dataset's names either way."""
+        model = self.model
+        if cfg.nc != model.nc:
+            from libreyolo.engine.model import Model
+
+            LOGGER.info("the dataset has %d classes, the model %d: building a new %d-class head (the other "
+                        "layers keep their weights)", cfg.nc, model.nc, cfg.nc)
+            fresh = Model(model.family, model.size, nc=cfg.nc, names=cfg.names, imgsz=model.imgsz)
+            own = fresh.net.state_dict()
+            kept = {k: v for k, v in model.net.state_dict().items() if k in own and own[k].shape == v.shape}
+            own.update(kept)
+            fresh.load_weights(own)
+            model.net, model.nc = fresh.net, cfg.nc
+        model.names = dict(cfg.names)
+
+    def _loaders(self, cfg, imgsz: int):
+        from libreyolo.train import data as D
+
+        a = self.args
+        distributed = self.world > 1
+        pin = bool(a.pin_memory) and self.device.type == "cuda"
+        per_rank = max(1, a.batch // self.world)
+        if self.model.task == "detect":
+            hyp = D.AugmentConfig(**{k: getattr(a, k) for k in (
+                "mosaic", "close_mosaic", "degrees", "translate", "scale", "shear", "fliplr", "flipud", "hsv_h",
+                "hsv_s", "hsv_v")})
+            train = D.DetectionDataset(cfg.train, cfg.names, imgsz, augment=True, hyp=hyp)
+            val = D.DetectionDataset(cfg.val, cfg.names, imgsz, augment=False) if cfg.val else None
+            collate = D.collate_detect
+        else:
+            box = self.model.family.letterbox(imgsz)
+            norm = box.normalization() if hasattr(box, "normalization") else {"mean": [0.0] * 3, "std": [1.0] * 3}
+            train = D.ClassifyDataset(cfg.samples("train"), imgsz, augment=True, mean=norm["mean"], std=norm["std"])
+            val = D.ClassifyDataset(cfg.samples("val"), imgsz, augment=False, mean=norm["mean"], std=norm["std"]) \
+                if cfg.val else None
+            collate = D.collate_classify
+        train_loader = D.build_dataloader(train, per_rank, shuffle=True, workers=a.workers, pin_memory=pin,
+                                          seed=a.seed + self.rank, collate_fn=collate, distributed=distributed)
+        val_loader = None
+        if val is not None and self.rank == 0:
+            val_loader = D.build_dataloader(val, per_rank * 2, shuffle=False, workers=a.workers, pin_memory=pin,
+                                            seed=a.seed, collate_fn=collate)
+        return train, train_loader, val_loader
+
+    def _run_dir(self) -> Path:
+        a = self.args
+        base = Path(a.project) / a.name
+        if a.exist_ok or not base.exists():
+            return base
+        for i in range(2, 10_000):
+            candidate = Path(a.project) / f"{a.name}{i}"
+            if not candidate.exists():
+                return candidate
+        raise LibreYOLOError(f"no free run folder under {a.project} for name={a.name!r}")
+
+    # --- the run -----------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        from libreyolo.train.data import set_loader_epoch
+        from libreyolo.train.loss import loss_for
+        from libreyolo.train.optim import LRSchedule, ModelEMA, build_optimizer, clip_gradients
+        from libreyolo.train.records import MetricsLog
+
+        a = self.args
+        torch.manual_seed(a.seed + self.rank)
+        if self.world > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        resume_state = self._resume_state()
+        cfg = self._data()
+        self._adapt_classes(cfg)
+        model = self.model
+        imgsz = a.imgsz or model.imgsz
+        _check_train_imgsz(model.family, imgsz)
+        model.imgsz = imgsz
+        self._graph_flag()
+        model.to(self.device)
+        net = model.net
+        net.train()
+        hyp = {"label_smoothing": a.label_smoothing} if model.task == "classify" else {}
+        criterion = loss_for(model.family.name, model.task, model.nc, **hyp)
+        train_set, train_loader, val_loader = self._loaders(cfg, imgsz)
+        steps = len(train_loader)
+        accumulate = max(1, round(a.nbs / max(1, a.batch)))
+        decay = a.weight_decay * a.batch * accumulate / a.nbs
+        optimizer = build_optimizer(net, a.optimizer, lr=a.lr0, momentum=a.momentum, weight_decay=decay)
+        schedule = LRSchedule(optimizer, a.epochs, steps, lrf=a.lrf, cos=a.cos_lr, warmup_epochs=a.warmup_epochs,
+                              momentum=a.momentum)
+        ema = ModelEMA(net) if a.ema else None
+        scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        start_epoch = 0
+        if resume_state is not None:
+            optimizer.load_state_dict(resume_state["optimizer"])
+            if ema is not None and resume_state.get("ema") is not None:
+                ema.module.load_state_dict(resume_state["ema"])
+                ema.updates = int(resume_state.get("ema_updates", 0))
+            if resume_state.get("scaler"):
+                scaler.load_state_dict(resume_state["scaler"])
+            start_epoch = int(resume_state["epoch"]) + 1
+            self.best_fitness = resume_state.get("best_fitness")
+            LOGGER.info("resuming %s from epoch %d of %d", self.save_dir, start_epoch + 1, a.epochs)
+            if start_epoch >= a.epochs:
+                raise ArgumentError(f"{self.save_dir} already finished its {a.epochs} epochs; nothing to resume "
+                                    "(start a new run, or pass a larger epochs=)")
+        train_net: nn.Module = net
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            train_net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
+        log = MetricsLog(self.save_dir, resume=resume_state is not None) if self.rank == 0 else None
+        summary: dict[str, Any] = {"save_dir": str(self.save_dir), "epochs": a.epochs}
+        eager_batches = 0
+        for epoch in range(start_epoch, a.epochs):
+            self.epoch = epoch
+            t0 = time.perf_counter()
+            set_loader_epoch(train_loader, epoch, a.epochs)  # sampler shuffling, mosaic closing
+            net.train()
+            totals: torch.Tensor | None = None
+            bar = self._bar(train_loader, epoch)
+            optimizer.zero_grad(set_to_none=True)
+            for i, batch in enumerate(bar):
+                step = epoch * steps + i
+                schedule.step(step)
+                images, targets = self._to_device(batch)
+                with torch.autocast(self.device.type, enabled=self.amp):
+                    out = train_net(images)
+                loss, items = self._loss(criterion, out, targets)
+                if not torch.isfinite(loss):
+                    LOGGER.warning("epoch %d batch %d: non-finite loss (%s); this batch is skipped", epoch + 1, i,
+                                   float(loss))
+                    optimizer.zero_grad(set_to_none=True)
+                    continue
+                scaler.scale(loss).backward()
+                eager_batches += 1
+                if (i + 1) % accumulate == 0 or i + 1 == steps:
+                    scaler.unscale_(optimizer)
+                    norm = clip_gradients(net, a.clip)
+                    if math.isfinite(norm):
+                        scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                    if ema is not None:
+                        ema.update(net)
+                items = items.detach().float().cpu()
+                totals = items if totals is None else totals + items
+                if hasattr(bar, "set_postfix"):
+                    mean = totals / (i + 1)
+                    bar.set_postfix({**self._loss_names(mean), "lr": f"{optimizer.param_groups[0]['lr']:.2e}"})
+            if hasattr(bar, "close"):
+                bar.close()
+            if self.rank != 0:
+                continue
+            eval_net = ema.module if ema is not None else net
+            metrics = self._validate(eval_net, val_loader) if (a.val and val_loader is not None) else {}
+            fitness = self._fitness(metrics)
+            improved = self.best_fitness is None or (fitness is not None and fitness >= self.best_fitness)
+            if improved and fitness is not None:
+                self.best_fitness = fitness
+            mean = (totals / max(1, steps)) if totals is not None else torch.zeros(0)
+            row = {"epoch": epoch + 1, **{f"train/{k}": round(float(v), 5) for k, v in
+                                          self._loss_names(mean, raw=True).items()},
+                   **{f"metrics/{k}": round(float(v), 5) for k, v in metrics.items()},
+                   "lr": optimizer.param_groups[0]["lr"], "seconds": round(time.perf_counter() - t0, 2)}
+            state = {"epoch": epoch, "optimizer": optimizer.state_dict(), "best_fitness": self.best_fitness,
+                     "ema": ema.module.state_dict() if ema is not None else None,
+                     "ema_updates": ema.updates if ema is not None else 0,
+                     "scaler": scaler.state_dict() if self.amp else None, "train_args": self._args_dict(),
+                     "metrics": row}
+            weights = self.save_dir / "weights"
+            weights.mkdir(parents=True, exist_ok=True)
+            self._save(eval_net, weights / "last.pt", state)
+            if improved:
+                self._save(eval_net, weights / "best.pt", None)
+            log.append(row)
+            LOGGER.info("epoch %d/%d: %s", epoch + 1, a.epochs,
+                        ", ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in row.items()
+                                  if isinstance(v, float) and k != "lr"))
+            summary.update(last_metrics=row)
+        if self.rank == 0:
+            if a.plots and log is not None:
+                log.plot()
+            best = self.save_dir / "weights" / "best.pt"
+            summary.update(best=str(best) if best.exists() else None, last=str(self.save_dir / "weights" / "last.pt"),
+                           best_fitness=self.best_fitness, graph=self.graph_info(eager_batches))
+            # the model the user holds ends as the averaged (validated, saved) weights
+            if ema is not None:
+                model.load_weights({k: v.detach().clone() for k, v in ema.module.state_dict().items()})
+        net.eval()
+        if self.world > 1 and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        return summary
+
+    # --- pieces ------------------------------------------------------------------------------------
+    def _graph_flag(self) -> None:
+        if self.args.cuda_graph:
+            self.graph_note = ("cuda_graph=True: capture of the training step is not implemented yet in this "
+                               "version; training eagerly")
+            if self.rank == 0:
+                LOGGER.info(self.graph_note)
+
+    def graph_info(self, eager_batches: int) -> dict[str, Any]:
+        """What ``train_graph_info()`` reports: captured shapes, replays and eager batches."""
+        return {"requested": bool(self.args.cuda_graph), "captured_shapes": [], "replays": 0,
+                "eager_batches": eager_batches, "reason": self.graph_note}
+
+    def _bar(self, loader, epoch: int):
+        if self.rank != 0:
+            return loader
+        import sys
+
+        from tqdm import tqdm
+
+        return tqdm(loader, total=len(loader), desc=f"epoch {epoch + 1}/{self.args.epochs}", unit="batch",
+                    file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
+
+    def _to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        images, targets = batch[0], batch[1]
+        non_blocking = self.device.type == "cuda"
+        images = images.to(self.device, non_blocking=non_blocking)
+        if images.dtype == torch.uint8:
+            images = images.float() / 255.0 * (255.0 * self.model.family.export.input_scale)
+        return images, targets.to(self.device, non_blocking=non_blocking)
+
+    def _loss(self, criterion, out, targets) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.model.task == "detect":
+            return criterion(out["raw_outputs"], targets)
+        logits = out if isinstance(out, torch.Tensor) else self.model.family.named_outputs(out)["logits"]
+        return criterion(logits.float(), targets)
+
+    def _loss_names(self, mean: torch.Tensor, raw: bool = False) -> dict[str, Any]:
+        names = self.model.family.training_items
+        return {n: (float(v) if raw else f"{float(v):.4f}") for n, v in zip(names, mean.tolist(), strict=False)}
+
+    @staticmethod
+    def _fitness(metrics: dict[str, float]) -> float | None:
+        if "mAP50-95" in metrics:
+            return 0.9 * metrics["mAP50-95"] + 0.1 * metrics["mAP50"]
+        if "top1" in metrics:
+            return metrics["top1"]
+        return None
+
+    def _validate(self, net: nn.Module, loader) -> dict[str, float]:
+        return validate(self.model, net, loader, conf=self.args.conf, iou=self.args.iou, max_det=self.args.max_det,
+                        device=self.device)
+
+    def _save(self, net: nn.Module, path: Path, state: dict[str, Any] | None) -> None:
+        from libreyolo.checkpoint import save_checkpoint
+
+        m = self.model
+        save_checkpoint(path, net, family=m.family, size=m.size, nc=m.nc, names=m.names, imgsz=m.imgsz,
+                        extra={"train_state": state} if state is not None else None)
+
+    def _args_dict(self) -> dict[str, Any]:
+        d = asdict(self.args)
+        d["save_dir"] = str(self.save_dir)
+        return d
+
+    def _resume_state(self) -> dict[str, Any] | None:
+        """With ``resume=True``: the train state of the model's checkpoint (its ``last.pt``); the
+        run folder and arguments come from it, except those given again (epochs, device...)."""
+        a = self.args
+        if not a.resume:
+            self.save_dir = self._run_dir() if self.rank == 0 else Path(a.project) / a.name
+            return None
+        source = getattr(self.model, "source", None)
+        state = _read_train_state(source)
+        if state is None:
+            raise ArgumentError("resume=True needs the model loaded from a run's last.pt (e.g. "
+                                "LibreYOLO('runs/train/exp/weights/last.pt').train(resume=True)); "
+                                f"{source or 'this model'} holds no training state")
+        saved = state.get("train_args", {})
+        self.save_dir = Path(saved.get("save_dir") or Path(source).parent.parent)
+        for k in ("data", "imgsz", "batch", "nbs", "optimizer", "lr0", "lrf", "momentum", "weight_decay",
+                  "warmup_epochs", "cos_lr", "mosaic", "close_mosaic", "seed", "label_smoothing", "ema", "clip",
+                  "degrees", "translate", "scale", "shear", "fliplr", "flipud", "hsv_h", "hsv_s", "hsv_v"):
+            if k in saved and getattr(a, k) == getattr(TrainArgs, k, None):
+                setattr(a, k, saved[k])
+        if a.data is None:
+            a.data = saved.get("data")
+        if a.epochs == TrainArgs.epochs and "epochs" in saved:
+            a.epochs = saved["epochs"]
+        return state
+
+
+def _check_train_imgsz(family: Any, imgsz: Any) -> None:
+    fixed = getattr(family, "fixed_imgsz", None)
+    if isinstance(imgsz, bool) or not isinstance(imgsz, int) or imgsz <= 0:
+        raise ArgumentError(f"imgsz must be a positive integer, got {imgsz!r}")
+    if fixed and imgsz != fixed:
+        raise ArgumentError(f"{family.name} takes {fixed}x{fixed} inputs only; train with imgsz={fixed}")
+    if imgsz % family.stride:
+        raise ArgumentError(f"imgsz must be a multiple of {family.stride} for {family.name}, got {imgsz}")
+
+
+def _read_train_state(path: str | None) -> dict[str, Any] | None:
+    if not path or not str(path).endswith(".pt") or not Path(path).is_file():
+        return None
+    raw = torch.load(path, map_location="cpu", weights_only=True)  # tensors, numbers, strings: nothing executable
+    return raw.get("train_state") if isinstance(raw, dict) else None
+
+
+@torch.no_grad()
+def validate(model: Any, net: nn.Module, loader, *, conf: float = 0.001, iou: float = 0.7, max_det: int = 300,
+             device: torch.device | None = None) -> dict[str, float]:
+    """Metrics of ``net`` (``model``'s architecture) over a validation loader: detection mAP or top-k."""
+    from libreyolo.ops.letterbox import LetterboxMeta
+    from libreyolo.train.metrics import ClassifyMetrics, DetectionMetrics
+
+    device = device or next(net.parameters()).device
+    family = model.family
+    was_training = net.training
+    net.eval()
+    detect = model.task == "detect"
+    metrics = DetectionMetrics(model.names) if detect else ClassifyMetrics()
+    scale = 255.0 * family.export.input_scale
+    try:
+        for batch in loader:
+            images = batch[0].to(device)
+            if images.dtype == torch.uint8:
+                images = images.float() / 255.0 * scale
+            out = net(images)
+            if detect:
+                targets, infos = batch[1], batch[2]
+                metas = [LetterboxMeta(tuple(info["orig_shape"]), float(info["ratio"]), tuple(info["pad"]))
+                         for info in infos]
+                named = family.named_outputs(out)
+                preds = family.postprocess(named, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+                gts = []
+                for j, meta in enumerate(metas):
+                    rows = targets[targets[:, 0] == j]
+                    gts.append({"xyxy": meta.to_original(rows[:, 2:6].float()), "cls": rows[:, 1].long()})
+                metrics.update([{k: v.cpu() for k, v in p.items()} for p in preds],
+                               [{k: v.cpu() for k, v in g.items()} for g in gts])
+            else:
+                logits = out if isinstance(out, torch.Tensor) else family.named_outputs(out)["logits"]
+                metrics.update(logits.float().cpu(), batch[1])
+    finally:
+        net.train(was_training)
+    return {k: float(v) for k, v in metrics.compute().items() if isinstance(v, (int, float))}
+
+
+def train(model: Any, **kwargs: Any) -> dict[str, Any]:
+    """``model.train(...)``: see :class:`TrainArgs` for the options."""
+    args = TrainArgs.from_kwargs(kwargs)
+    trainer = Trainer(model, args)
+    with _quiet_tqdm_monitor():
+        return trainer.train()
+
+
+def val(model: Any, *, data: str, imgsz: int | None = None, batch: int = 16, workers: int = 2,
+        device: str | None = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
+    """``model.val(data=...)``: metrics of the model on the dataset's val split."""
+    args = TrainArgs(data=data, imgsz=imgsz, batch=batch, workers=workers, device=device, conf=conf, iou=iou,
+                     max_det=max_det)
+    args.check()
+    trainer = Trainer(model, args)
+    cfg = trainer._data()
+    if cfg.nc != model.nc:
+        raise ArgumentError(f"the dataset has {cfg.nc} classes and the model {model.nc}; validate a model trained "
+                            "on this dataset")
+    if not cfg.val:
+        raise ArgumentError(f"{data} has no val split to validate on")
+    model.to(trainer.device)
+    size = imgsz or model.imgsz
+    _, _, loader = trainer._loaders(cfg, size)
+    return validate(model, model.net, loader, conf=conf, iou=iou, max_det=max_det, device=trainer.device)
+
+
+@contextlib.contextmanager
+def _quiet_tqdm_monitor():
+    """tqdm's monitor thread is not needed for our bars (and is one more thread in DDP workers)."""
+    from tqdm import tqdm
+
+    saved = tqdm.monitor_interval
+    tqdm.monitor_interval = 0
+    try:
+        yield
+    finally:
+        tqdm.monitor_interval = saved
