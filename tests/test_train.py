@@ -139,7 +139,7 @@ def test_two_process_gloo_ddp_run_finishes_and_only_rank0_writes(shapes, tmp_pat
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(_free_port()), "-m", "libreyolo.cli", "train", "model=LibreYOLO9t.yaml",
            f"data={shapes}", "epochs=1", f"imgsz={IMGSZ}", "batch=4", "workers=0", "mosaic=0", "device=cpu",
-           f"project={tmp_path}", "name=ddp"]
+           f"project={tmp_path}", "name=ddp", "--cuda-graph"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -147,3 +147,6 @@ def test_two_process_gloo_ddp_run_finishes_and_only_rank0_writes(shapes, tmp_pat
     assert len(runs) == 1, runs  # rank 1 made no run folder of its own
     assert (runs[0] / "weights" / "last.pt").is_file() and len(_rows(runs[0])) == 1
     assert torch.load(runs[0] / "weights" / "last.pt", weights_only=True)["train_state"]["epoch"] == 0
+    logs = proc.stdout + proc.stderr
+    assert "all 2 ranks hold bit-identical final weights" in logs, logs[-3000:]
+    assert proc.stderr.count("cuda_graph=True") == 1, logs[-3000:]  # one reason line, from rank 0 only

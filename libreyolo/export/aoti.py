@@ -78,13 +78,30 @@ def read_record(path: Path, name: str) -> bytes | None:
     return reader.read_bytes(name) if name in reader.get_file_names() else None
 
 
+def archive_prefix(path: Path) -> str:
+    """The folder every record of the package sits under (the file's stem when it was written)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    return names[0].split("/", 1)[0] if names else Path(path).stem
+
+
 def rewrite(path: Path, replace: dict[str, bytes]) -> None:
-    """Write the package again with ``replace``'s records added or replaced (atomically)."""
+    """Write the package again with ``replace``'s records added or replaced (atomically).
+
+    The archive writer names the records' top folder after the file it writes, so the temporary
+    file carries the package's own prefix (in a private folder beside it): a package whose records
+    moved under another folder no longer loads on CUDA."""
+    import shutil
+    import tempfile
+
     from torch.export.pt2_archive import PT2ArchiveWriter
 
     records = _records(path)
     records.update(replace)
-    tmp = path.with_name(f".{path.name}.rewrite-{os.getpid()}.pt2")
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".rewrite", dir=path.parent))
+    tmp = work / f"{archive_prefix(path)}.pt2"
     try:
         with PT2ArchiveWriter(str(tmp)) as writer:
             for name in sorted(records):
@@ -92,7 +109,7 @@ def rewrite(path: Path, replace: dict[str, bytes]) -> None:
                     writer.write_bytes(name, records[name])
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def pt2_content_sha256(path: str | Path) -> str:

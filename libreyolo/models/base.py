@@ -106,6 +106,14 @@ class Family:
     # names the loss components the factory's loss returns (progress bar, results.csv)
     training: ClassVar[str | None] = None
     training_items: ClassVar[tuple[str, ...]] = ("loss",)
+    # what a training CUDA graph captures (libreyolo.train.graph): "network" (forward and
+    # backward of ``train_encode``, which is the whole network), "encoder" (``train_encode`` is
+    # only the front of the network; ``train_decode`` runs the rest eagerly, e.g. a DETR decoder
+    # whose query count depends on the batch's targets), or None (no capture spec: trains eagerly)
+    train_capture: ClassVar[str | None] = None
+    # training options this family needs other defaults for (``model.train(...)`` arguments the
+    # user did not pass), e.g. the DETR recipe's AdamW at a low learning rate
+    train_defaults: ClassVar[dict[str, Any]] = {}
     # the one input size the network takes (e.g. a fixed position embedding), or None for any
     # multiple of ``stride``
     fixed_imgsz: ClassVar[int | None] = None
@@ -120,6 +128,18 @@ class Family:
     # --- network ---------------------------------------------------------------------
     def build(self, size: str, nc: int) -> nn.Module:
         raise NotImplementedError(f"family {self.name!r} does not define build()")
+
+    # --- training ----------------------------------------------------------------------
+    def train_encode(self, net: nn.Module, images: torch.Tensor) -> Any:
+        """The part of a training step that depends on the images only: what a training CUDA
+        graph captures (forward and backward). Returns a tensor or a nest of tensors."""
+        return net(images)
+
+    def train_decode(self, net: nn.Module, features: Any, targets: torch.Tensor) -> Any:
+        """The eager rest of the training forward, given :meth:`train_encode`'s output and the
+        batch's targets ``(M, 6)`` rows ``(image, class, x1, y1, x2, y2)`` in input pixels (or class
+        ids for classify). Its result is what the family's loss is called on."""
+        return features
 
     def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
         """The network's outputs reduced to the tensors named in ``export.output_names``."""

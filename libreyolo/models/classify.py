@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import ExportContract, Family
@@ -55,6 +56,12 @@ class ClassifyFamily(Family):
     fixed_imgsz: ClassVar[int | None] = 224
     # why the size is fixed, for the error message
     fixed_imgsz_reason: ClassVar[str] = "its position embedding is fixed"
+
+    train_capture = "network"
+
+    def train_decode(self, net: nn.Module, features: Any, targets: torch.Tensor) -> torch.Tensor:
+        logits = features if isinstance(features, torch.Tensor) else self.named_outputs(features)["logits"]
+        return logits.float()
 
     def letterbox(self, imgsz: int) -> ResizeCrop:
         return ResizeCrop(imgsz, crop_pct=self.crop_pct, mean=self.mean, std=self.std)

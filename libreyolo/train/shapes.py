@@ -125,3 +125,9 @@ def make_shapes_dataset(root: str | Path, *, n_train: int = 64, n_val: int = 16,
     data_yaml.write_text(f"# synthetic shapes dataset (libreyolo.train.shapes, seed {seed})\n"
                          f"path: .\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
     return data_yaml
+
+
+def sample_image(seed: int = 12345, imgsz: int = 640) -> Image.Image:
+    """One detection image of the dataset's kind drawn from its own ``seed`` (a held-out sample)."""
+    img, _ = _detection_image(imgsz, np.random.default_rng(seed))
+    return img

@@ -16,8 +16,10 @@ task's dataset in :mod:`libreyolo.train.data`, the task's metrics in :mod:`libre
 - distributed: under ``torchrun`` (``WORLD_SIZE`` > 1) the network is wrapped in
   DistributedDataParallel (gloo on the CPU, NCCL on CUDA); only rank 0 validates, writes and logs.
 
-``cuda_graph=True`` is accepted and never stops a run: capture of the training step is not
-implemented yet, so it logs one line saying so and trains eagerly (see the README).
+``cuda_graph=True`` captures the network's forward and backward once the batch shape has
+repeated three times (:mod:`libreyolo.train.graph`); it never stops a run: where it cannot be used
+(CPU, distributed, a family without a capture spec) it logs one line and trains eagerly, and a
+capture or replay failure mid-run logs one warning and the rest of the run is eager.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from libreyolo.errors import ArgumentError, LibreYOLOError
+from libreyolo.train.graph import GraphStepError
 from libreyolo.utils.log import LOGGER
 
 NOMINAL_BATCH = 64  # gradients are accumulated up to about this many images per optimizer step
@@ -78,6 +81,7 @@ class TrainArgs:
     resume: bool = False
     val: bool = True
     cuda_graph: bool = False
+    graph_after: int = 3  # cuda_graph: capture once a batch shape has been seen this many times
     pin_memory: bool = True
     conf: float = 0.001  # validation thresholds (mAP is computed over all confidences)
     iou: float = 0.7
@@ -136,6 +140,7 @@ class Trainer:
         self.best_fitness: float | None = None
         self.save_dir: Path | None = None
         self.graph_note: str | None = None
+        self.graphs = None  # libreyolo.train.graph.TrainGraphs while capturing
 
     # --- set-up ------------------------------------------------------------------------------------
     def _data(self):
@@ -225,10 +230,10 @@ class Trainer:
         imgsz = a.imgsz or model.imgsz
         _check_train_imgsz(model.family, imgsz)
         model.imgsz = imgsz
-        self._graph_flag()
         model.to(self.device)
         net = model.net
         net.train()
+        self._graph_flag(net)
         hyp = {"label_smoothing": a.label_smoothing} if model.task == "classify" else {}
         criterion = loss_for(model.family.name, model.task, model.nc, **hyp)
         train_set, train_loader, val_loader = self._loaders(cfg, imgsz)
@@ -254,35 +259,38 @@ class Trainer:
             if start_epoch >= a.epochs:
                 raise ArgumentError(f"{self.save_dir} already finished its {a.epochs} epochs; nothing to resume "
                                     "(start a new run, or pass a larger epochs=)")
-        train_net: nn.Module = net
+        train_net: nn.Module = TrainForward(model.family, net, self.graphs.encode if self.graphs else None)
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            train_net = nn.parallel.DistributedDataParallel(net, device_ids=ids)
+            train_net = nn.parallel.DistributedDataParallel(train_net, device_ids=ids)
         log = MetricsLog(self.save_dir, resume=resume_state is not None) if self.rank == 0 else None
         summary: dict[str, Any] = {"save_dir": str(self.save_dir), "epochs": a.epochs}
-        eager_batches = 0
+        batches_done = 0
         for epoch in range(start_epoch, a.epochs):
             self.epoch = epoch
             t0 = time.perf_counter()
             set_loader_epoch(train_loader, epoch, a.epochs)  # sampler shuffling, mosaic closing
             net.train()
             totals: torch.Tensor | None = None
-            bar = self._bar(train_loader, epoch)
+            wait = [0.0]  # seconds this epoch spent waiting for the loader
+            bar = self._bar(_timed(train_loader, wait), epoch, steps)
             optimizer.zero_grad(set_to_none=True)
             for i, batch in enumerate(bar):
                 step = epoch * steps + i
                 schedule.step(step)
                 images, targets = self._to_device(batch)
-                with torch.autocast(self.device.type, enabled=self.amp):
-                    out = train_net(images)
-                loss, items = self._loss(criterion, out, targets)
-                if not torch.isfinite(loss):
+                try:
+                    loss, items = self._step(train_net, criterion, scaler, images, targets)
+                except GraphStepError as exc:  # a replay failed mid-step: drop this window's gradients, go eager
+                    self.graphs.fail("replay", exc)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss, items = self._step(train_net, criterion, scaler, images, targets)
+                if loss is None:
                     LOGGER.warning("epoch %d batch %d: non-finite loss (%s); this batch is skipped", epoch + 1, i,
-                                   float(loss))
+                                   items)
                     optimizer.zero_grad(set_to_none=True)
                     continue
-                scaler.scale(loss).backward()
-                eager_batches += 1
+                batches_done += 1
                 if (i + 1) % accumulate == 0 or i + 1 == steps:
                     scaler.unscale_(optimizer)
                     norm = clip_gradients(net, a.clip)
@@ -311,7 +319,8 @@ class Trainer:
             row = {"epoch": epoch + 1, **{f"train/{k}": round(float(v), 5) for k, v in
                                           self._loss_names(mean, raw=True).items()},
                    **{f"metrics/{k}": round(float(v), 5) for k, v in metrics.items()},
-                   "lr": optimizer.param_groups[0]["lr"], "seconds": round(time.perf_counter() - t0, 2)}
+                   "lr": optimizer.param_groups[0]["lr"], "seconds": round(time.perf_counter() - t0, 2),
+                   "data_seconds": round(wait[0], 2)}
             state = {"epoch": epoch, "optimizer": optimizer.state_dict(), "best_fitness": self.best_fitness,
                      "ema": ema.module.state_dict() if ema is not None else None,
                      "ema_updates": ema.updates if ema is not None else 0,
@@ -327,41 +336,75 @@ class Trainer:
                         ", ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in row.items()
                                   if isinstance(v, float) and k != "lr"))
             summary.update(last_metrics=row)
+        if self.world > 1 and torch.distributed.is_initialized():
+            summary["ranks_agree"] = self._ranks_agree(net)  # the trained weights, before rank 0 takes the EMA's
         if self.rank == 0:
             if a.plots and log is not None:
                 log.plot()
             best = self.save_dir / "weights" / "best.pt"
             summary.update(best=str(best) if best.exists() else None, last=str(self.save_dir / "weights" / "last.pt"),
-                           best_fitness=self.best_fitness, graph=self.graph_info(eager_batches))
+                           best_fitness=self.best_fitness, graph=self.graph_info(batches_done))
             # the model the user holds ends as the averaged (validated, saved) weights
             if ema is not None:
                 model.load_weights({k: v.detach().clone() for k, v in ema.module.state_dict().items()})
-        net.eval()
         if self.world > 1 and torch.distributed.is_initialized():
             torch.distributed.barrier()
+        net.eval()
         return summary
 
     # --- pieces ------------------------------------------------------------------------------------
-    def _graph_flag(self) -> None:
-        if self.args.cuda_graph:
-            self.graph_note = ("cuda_graph=True: capture of the training step is not implemented yet in this "
-                               "version; training eagerly")
-            if self.rank == 0:
-                LOGGER.info(self.graph_note)
+    def _step(self, train_net: nn.Module, criterion, scaler, images: torch.Tensor, targets: torch.Tensor):
+        """Forward, loss and backward of one batch: (loss, items), or (None, value) for a non-finite loss."""
+        with torch.autocast(self.device.type, enabled=self.amp):
+            out = train_net(images, targets)
+        loss, items = criterion(out, targets)
+        if not torch.isfinite(loss):
+            return None, float(loss)
+        scaler.scale(loss).backward()
+        return loss, items
 
-    def graph_info(self, eager_batches: int) -> dict[str, Any]:
-        """What ``train_graph_info()`` reports: captured shapes, replays and eager batches."""
-        return {"requested": bool(self.args.cuda_graph), "captured_shapes": [], "replays": 0,
-                "eager_batches": eager_batches, "reason": self.graph_note}
+    def _ranks_agree(self, net: nn.Module) -> bool:
+        """Whether every rank ends with bit-identical parameters (logged by rank 0)."""
+        dist = torch.distributed
+        flat = torch.cat([p.detach().float().flatten() for p in net.parameters()])
+        gathered = [torch.empty_like(flat) for _ in range(self.world)]
+        dist.all_gather(gathered, flat)
+        agree = all(torch.equal(gathered[0], g) for g in gathered[1:])
+        if self.rank == 0:
+            if agree:
+                LOGGER.info("all %d ranks hold bit-identical final weights (%d values)", self.world, flat.numel())
+            else:
+                worst = max(float((gathered[0] - g).abs().max()) for g in gathered[1:])
+                LOGGER.warning("ranks disagree on the final weights (max difference %.3g)", worst)
+        return agree
 
-    def _bar(self, loader, epoch: int):
+    def _graph_flag(self, net: nn.Module) -> None:
+        if not self.args.cuda_graph:
+            return
+        from libreyolo.train.graph import TrainGraphs, graph_unavailable
+
+        self.graph_note = graph_unavailable(self.model.family, self.device, self.world > 1)
+        if self.graph_note is None:
+            self.graphs = TrainGraphs(self.model.family, net, amp=self.amp, capture_after=self.args.graph_after)
+        elif self.rank == 0:
+            LOGGER.info(self.graph_note)
+
+    def graph_info(self, batches: int) -> dict[str, Any]:
+        """What ``train_graph_info()`` reports: captured shapes, replays, eager batches, failures."""
+        info = {"requested": bool(self.args.cuda_graph), "captured_shapes": [], "replays": 0,
+                "eager_batches": batches, "failures": [], "reason": self.graph_note}
+        if self.graphs is not None:
+            info.update(self.graphs.info())
+        return info
+
+    def _bar(self, loader, epoch: int, total: int):
         if self.rank != 0:
             return loader
         import sys
 
         from tqdm import tqdm
 
-        return tqdm(loader, total=len(loader), desc=f"epoch {epoch + 1}/{self.args.epochs}", unit="batch",
+        return tqdm(loader, total=total, desc=f"epoch {epoch + 1}/{self.args.epochs}", unit="batch",
                     file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
 
     def _to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -371,12 +414,6 @@ class Trainer:
         if images.dtype == torch.uint8:
             images = images.float() / 255.0 * (255.0 * self.model.family.export.input_scale)
         return images, targets.to(self.device, non_blocking=non_blocking)
-
-    def _loss(self, criterion, out, targets) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.model.task == "detect":
-            return criterion(out["raw_outputs"], targets)
-        logits = out if isinstance(out, torch.Tensor) else self.model.family.named_outputs(out)["logits"]
-        return criterion(logits.float(), targets)
 
     def _loss_names(self, mean: torch.Tensor, raw: bool = False) -> dict[str, Any]:
         names = self.model.family.training_items
@@ -431,6 +468,32 @@ class Trainer:
         if a.epochs == TrainArgs.epochs and "epochs" in saved:
             a.epochs = saved["epochs"]
         return state
+
+
+def _timed(loader, wait: list[float]):
+    """Iterate ``loader``, adding the time spent waiting for each batch to ``wait[0]``."""
+    it = iter(loader)
+    while True:
+        t = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        wait[0] += time.perf_counter() - t
+        yield batch
+
+
+class TrainForward(nn.Module):
+    """``(images, targets) -> what the loss reads``: the family's ``train_encode`` (replayed from a
+    CUDA graph when ``encode`` is given) then its eager ``train_decode``. This is what DDP wraps."""
+
+    def __init__(self, family: Any, net: nn.Module, encode: Any = None) -> None:
+        super().__init__()
+        self.family, self.net, self.encode = family, net, encode
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor) -> Any:
+        features = self.encode(images) if self.encode is not None else self.family.train_encode(self.net, images)
+        return self.family.train_decode(self.net, features, targets)
 
 
 def _check_train_imgsz(family: Any, imgsz: Any) -> None:
@@ -491,8 +554,9 @@ def validate(model: Any, net: nn.Module, loader, *, conf: float = 0.001, iou: fl
 
 
 def train(model: Any, **kwargs: Any) -> dict[str, Any]:
-    """``model.train(...)``: see :class:`TrainArgs` for the options."""
-    args = TrainArgs.from_kwargs(kwargs)
+    """``model.train(...)``: see :class:`TrainArgs` for the options (a family may change some
+    defaults: ``Family.train_defaults``)."""
+    args = TrainArgs.from_kwargs({**model.family.train_defaults, **kwargs})
     trainer = Trainer(model, args)
     with _quiet_tqdm_monitor():
         return trainer.train()

@@ -5,7 +5,9 @@ non-uniform weighting function; its expectation is the edge's distance from the 
 box, and every layer refines the previous layer's distributions (their logits are summed). A
 localisation-quality head (LQE) adds a score from the distributions' top probabilities.
 
-Inference only (the denoising embedding exists so training checkpoints load). Cross-attention
+``forward`` is inference (the final layer only). ``forward_train`` is the training path: selected
+plus contrastive denoising queries (:mod:`libreyolo.models._detr.denoising`), every layer's
+outputs, the pre-box head's and the encoder selection's. Cross-attention
 samples through the ``ms_deform_attn`` slot with one point count per level
 (``points_per_level``); counts that differ between levels stay on the portable path.
 """
@@ -19,6 +21,7 @@ from torch import nn
 
 from libreyolo.kernels.attention import ms_deform_attn
 from libreyolo.models._detr.anchors import AnchorCache
+from libreyolo.models._detr.denoising import GroundTruth, make_denoising, pack_train_outputs
 from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 
 Shapes = list[tuple[int, int]]
@@ -127,9 +130,10 @@ class TransformerDecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
 
     def forward(self, target: torch.Tensor, reference: torch.Tensor, value: torch.Tensor, shapes: Shapes,
-                query_pos: torch.Tensor) -> torch.Tensor:
+                query_pos: torch.Tensor, attend: torch.Tensor | None = None) -> torch.Tensor:
+        """``attend`` (Q, Q) bool self-attention mask, True = may attend (training with denoising)."""
         q = target + query_pos
-        target = self.norm1(target + self.self_attn(q, q, target))
+        target = self.norm1(target + self.self_attn(q, q, target, attend))
         target = self.gateway(target, self.cross_attn(target + query_pos, reference, value, shapes))
         target = target + self.linear2(F.relu(self.linear1(target)))
         return self.norm3(target.clamp(min=-65504, max=65504))
@@ -166,13 +170,48 @@ class TransformerDecoder(nn.Module):
             target_prev, corners_prev, ref = target, corners, boxes
         raise AssertionError("eval_idx is past the last decoder layer")
 
+    def forward_train(self, target: torch.Tensor, ref_unact: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
+                      bbox_head: nn.ModuleList, score_head: nn.ModuleList, query_pos_head: nn.Module,
+                      pre_bbox_head: nn.Module, integral: Integral,
+                      attend: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor],
+                                                            torch.Tensor, torch.Tensor]:
+        """All layers. Returns per head logits (B, Q, nc) and boxes (B, Q, 4): first the pre-box
+        head (first layer's scores, initial boxes), then every layer (LQE-adjusted scores); per layer
+        the edge distributions' logits (B, Q, 4 * (reg_max + 1)); the initial boxes (B, Q, 4) the
+        distances are measured from; and the bin values (reg_max + 1,). Each layer's reference and
+        the features it adds to the next are detached; the distributions accumulate undetached, as
+        in inference."""
+        value = memory.reshape(memory.shape[0], memory.shape[1], self.heads, -1)
+        project = weighting_function(self.reg_max, self.up, self.reg_scale)
+        ref = torch.sigmoid(ref_unact)
+        logits, boxes, all_corners = [], [], []
+        target_prev = corners_prev = initial = None
+        for i, layer in enumerate(self.layers):
+            query_pos = query_pos_head(ref).clamp(min=-10, max=10)
+            target = layer(target, ref.unsqueeze(2), value, shapes, query_pos, attend)
+            if i == 0:
+                initial = torch.sigmoid(pre_bbox_head(target) + inverse_sigmoid(ref))
+                logits.append(score_head[0](target))
+                boxes.append(initial)
+                corners = bbox_head[0](target)
+            else:
+                corners = bbox_head[i](target + target_prev) + corners_prev
+            layer_boxes = distance2bbox(initial, integral(corners, project), self.reg_scale)
+            logits.append(self.lqe_layers[i](score_head[i](target), corners))
+            boxes.append(layer_boxes)
+            all_corners.append(corners)
+            target_prev, corners_prev, ref = target.detach(), corners, layer_boxes.detach()
+        return logits, boxes, all_corners, initial, project
+
 
 class DFINETransformer(nn.Module):
     def __init__(self, nc: int, hidden: int, feat_channels: list[int], *, heads: int = 8, num_layers: int = 6,
                  ffn: int = 1024, points: tuple[int, ...] = (4, 4, 4), num_queries: int = 300, reg_max: int = 32,
                  reg_scale: float = 4.0, strides: tuple[int, ...] = (8, 16, 32), eval_size: int = 640) -> None:
         super().__init__()
-        self.hidden, self.num_queries, self.reg_max = hidden, num_queries, reg_max
+        self.hidden, self.num_queries, self.reg_max, self.nc = hidden, num_queries, reg_max, nc
+        # denoising (training only): queries per batch, label flip ratio, box noise scale
+        self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0
         self.up = nn.Parameter(torch.tensor([0.5]), requires_grad=False)
         self.reg_scale = nn.Parameter(torch.tensor([reg_scale]), requires_grad=False)
         self.input_proj = nn.ModuleList(
@@ -206,13 +245,16 @@ class DFINETransformer(nn.Module):
             return self.anchors, self.valid_mask
         return self._anchors.anchors(shapes, memory.device)
 
-    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _memory(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, Shapes, torch.Tensor, torch.Tensor]:
+        """Projected levels flattened to memory (B, S, C), level shapes, anchors (1, S, 4), valid (1, S, 1)."""
         proj = [p(f) for p, f in zip(self.input_proj, feats, strict=True)]
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in proj]
         memory = torch.cat([f.flatten(2).permute(0, 2, 1) for f in proj], dim=1)
         anchors, valid = self._anchors_for(shapes, memory)
-        shapes = self._anchors.level_shapes(shapes, memory.device)
+        return memory, self._anchors.level_shapes(shapes, memory.device), anchors, valid
 
+    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        memory, shapes, anchors, valid = self._memory(feats)
         output_memory = self.enc_output(valid.to(memory.dtype) * memory)
         enc_logits = self.enc_score_head(output_memory)
         # fewer positions than queries (tiny inputs): take them all rather than fail
@@ -223,3 +265,39 @@ class DFINETransformer(nn.Module):
         logits, boxes = self.decoder(target, ref_unact, memory, shapes, self.dec_bbox_head, self.dec_score_head,
                                      self.query_pos_head, self.pre_bbox_head, self.integral)
         return {"pred_logits": logits, "pred_boxes": boxes}
+
+    def forward_train(self, feats: list[torch.Tensor], gt: GroundTruth, image_size: tuple[int, int]) -> dict:
+        """Training outputs for the encoder levels ``feats`` and per-image ground truth ``gt``
+        (labels, (cx, cy, w, h) boxes in [0, 1]); see :func:`~libreyolo.models._detr.denoising.pack_train_outputs`.
+        The first supervised head is the pre-box head, then the decoder layers."""
+        memory, shapes, anchors, valid = self._memory(feats)
+        output_memory = self.enc_output(valid.to(memory.dtype) * memory)
+        enc_logits = self.enc_score_head(output_memory)
+        q = min(self.num_queries, memory.shape[1])
+        topk = torch.topk(enc_logits.max(-1).values, q, dim=-1).indices
+        selected = output_memory.gather(1, topk.unsqueeze(-1).expand(-1, -1, self.hidden))
+        anchors = anchors.to(memory.dtype).expand(memory.shape[0], -1, -1)
+        ref_unact = self.enc_bbox_head(selected) + anchors.gather(1, topk.unsqueeze(-1).expand(-1, -1, 4))
+        enc_topk_logits = enc_logits.gather(1, topk.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+        enc_topk_boxes = torch.sigmoid(ref_unact)
+        # the decoder starts from the selection, but its gradient does not flow back into it
+        target, ref_unact = selected.detach(), ref_unact.detach()
+        dn = make_denoising(gt, self.nc, q, num_denoising=self.num_denoising, label_noise=self.label_noise,
+                            box_noise=self.box_noise) if self.num_denoising > 0 else None
+        attend = None
+        if dn is None:  # keep the denoising embedding in the graph (a zero term): DDP needs every parameter used
+            target = target + 0.0 * self.denoising_class_embed.weight.sum()
+        else:
+            target = torch.cat([self.denoising_class_embed(dn.labels).to(target.dtype), target], 1)
+            ref_unact = torch.cat([dn.ref_unact.to(ref_unact.dtype), ref_unact], 1)
+            attend = dn.attend
+        logits, boxes, corners, initial, project = self.decoder.forward_train(
+            target, ref_unact, memory, shapes, self.dec_bbox_head, self.dec_score_head, self.query_pos_head,
+            self.pre_bbox_head, self.integral, attend)
+        out = pack_train_outputs(logits, boxes, enc_topk_logits, enc_topk_boxes, dn, image_size)
+        # for the fine-grained localisation loss: the last len(corners) heads are the decoder layers
+        n = 0 if dn is None else dn.num
+        all_corners = torch.stack(corners)
+        out.update(pred_corners=all_corners[:, :, n:], dn_corners=all_corners[:, :, :n], ref_initial=initial[:, n:],
+                   dn_ref_initial=initial[:, :n], corner_bins=project, reg_scale=self.reg_scale)
+        return out

@@ -1,7 +1,9 @@
 """RT-DETR's transformer decoder: query selection from the encoder memory, then deformable layers.
 
-Inference only: the denoising queries (``denoising_class_embed``) exist so that training
-checkpoints load, and are unused here. Every layer's cross-attention samples the memory through
+``forward`` is inference (the final layer's outputs only). ``forward_train`` is the training
+path: the selected queries plus contrastive denoising queries built from the ground truth
+(``denoising_class_embed``; see :mod:`libreyolo.models._detr.denoising`), every layer's outputs
+and the encoder's query-selection outputs. Every layer's cross-attention samples the memory through
 the ``ms_deform_attn`` kernel slot (registry providers when eligible, portable ``grid_sample``
 otherwise, and always portable while exporting).
 """
@@ -15,6 +17,7 @@ from torch import nn
 
 from libreyolo.kernels.attention import ms_deform_attn
 from libreyolo.models._detr.anchors import AnchorCache
+from libreyolo.models._detr.denoising import GroundTruth, make_denoising, pack_train_outputs
 from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 
 Shapes = list[tuple[int, int]]
@@ -56,9 +59,10 @@ class TransformerDecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
 
     def forward(self, target: torch.Tensor, reference: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
-                query_pos: torch.Tensor) -> torch.Tensor:
+                query_pos: torch.Tensor, attend: torch.Tensor | None = None) -> torch.Tensor:
+        """``attend`` (Q, Q) bool self-attention mask, True = may attend (training with denoising)."""
         q = target + query_pos
-        target = self.norm1(target + self.self_attn(q, q, target))
+        target = self.norm1(target + self.self_attn(q, q, target, attend))
         target = self.norm2(target + self.cross_attn(target + query_pos, reference, memory, shapes))
         return self.norm3(target + self.linear2(F.relu(self.linear1(target))))
 
@@ -81,12 +85,31 @@ class TransformerDecoder(nn.Module):
             ref = boxes
         raise AssertionError("eval_idx is past the last decoder layer")
 
+    def forward_train(self, target: torch.Tensor, ref_unact: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
+                      bbox_head: nn.ModuleList, score_head: nn.ModuleList, query_pos_head: nn.Module,
+                      attend: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """All layers; per layer logits (B, Q, nc) and boxes (B, Q, 4). Each layer's reference is
+        the previous layer's boxes detached; its supervised boxes refine the undetached ones."""
+        ref = torch.sigmoid(ref_unact)
+        logits, boxes = [], []
+        prev = ref
+        for i, layer in enumerate(self.layers):
+            target = layer(target, ref.unsqueeze(2), memory, shapes, query_pos_head(ref), attend)
+            delta = bbox_head[i](target)
+            refined = torch.sigmoid(delta + inverse_sigmoid(ref))
+            boxes.append(refined if i == 0 else torch.sigmoid(delta + inverse_sigmoid(prev)))
+            logits.append(score_head[i](target))
+            prev, ref = refined, refined.detach()
+        return logits, boxes
+
 
 class RTDETRTransformer(nn.Module):
     def __init__(self, nc: int, hidden: int, feat_channels: list[int], *, heads: int = 8, num_layers: int = 6,
                  ffn: int = 1024, points: int = 4, num_queries: int = 300, eval_idx: int = -1) -> None:
         super().__init__()
-        self.hidden, self.num_queries = hidden, num_queries
+        self.hidden, self.num_queries, self.nc = hidden, num_queries, nc
+        # denoising (training only): queries per batch, label flip ratio, box noise scale
+        self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0
         levels = len(feat_channels)
         self.input_proj = nn.ModuleList(nn.Sequential(OrderedDict([
             ("conv", nn.Conv2d(c, hidden, 1, bias=False)), ("norm", nn.BatchNorm2d(hidden))])) for c in feat_channels)
@@ -102,13 +125,16 @@ class RTDETRTransformer(nn.Module):
         self._anchors = AnchorCache()
         init_heads(self)
 
-    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _memory(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, Shapes, torch.Tensor, torch.Tensor]:
+        """Projected levels flattened to memory (B, S, C), level shapes, anchors (1, S, 4), valid (1, S, 1)."""
         proj = [p(f) for p, f in zip(self.input_proj, feats, strict=True)]
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in proj]
         memory = torch.cat([f.flatten(2).permute(0, 2, 1) for f in proj], dim=1)
         anchors, valid = self._anchors.anchors(shapes, memory.device)
-        shapes = self._anchors.level_shapes(shapes, memory.device)
+        return memory, self._anchors.level_shapes(shapes, memory.device), anchors, valid
 
+    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        memory, shapes, anchors, valid = self._memory(feats)
         output_memory = self.enc_output(valid.to(memory.dtype) * memory)
         enc_logits = self.enc_score_head(output_memory)
         enc_boxes_unact = self.enc_bbox_head(output_memory) + anchors.to(memory.dtype)
@@ -119,3 +145,31 @@ class RTDETRTransformer(nn.Module):
         logits, boxes = self.decoder(target, ref_unact, memory, shapes, self.dec_bbox_head, self.dec_score_head,
                                      self.query_pos_head)
         return {"pred_logits": logits, "pred_boxes": boxes}
+
+    def forward_train(self, feats: list[torch.Tensor], gt: GroundTruth, image_size: tuple[int, int]) -> dict:
+        """Training outputs for the encoder levels ``feats`` and per-image ground truth ``gt``
+        (labels, (cx, cy, w, h) boxes in [0, 1]); see :func:`~libreyolo.models._detr.denoising.pack_train_outputs`."""
+        memory, shapes, anchors, valid = self._memory(feats)
+        output_memory = self.enc_output(valid.to(memory.dtype) * memory)
+        enc_logits = self.enc_score_head(output_memory)
+        enc_boxes_unact = self.enc_bbox_head(output_memory) + anchors.to(memory.dtype)
+        q = min(self.num_queries, memory.shape[1])
+        topk = torch.topk(enc_logits.max(-1).values, q, dim=1).indices
+        ref_unact = enc_boxes_unact.gather(1, topk.unsqueeze(-1).expand(-1, -1, 4))
+        enc_topk_logits = enc_logits.gather(1, topk.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+        enc_topk_boxes = torch.sigmoid(ref_unact)
+        # the decoder starts from the selection, but its gradient does not flow back into it
+        target = output_memory.gather(1, topk.unsqueeze(-1).expand(-1, -1, self.hidden)).detach()
+        ref_unact = ref_unact.detach()
+        dn = make_denoising(gt, self.nc, q, num_denoising=self.num_denoising, label_noise=self.label_noise,
+                            box_noise=self.box_noise) if self.num_denoising > 0 else None
+        attend = None
+        if dn is None:  # keep the denoising embedding in the graph (a zero term): DDP needs every parameter used
+            target = target + 0.0 * self.denoising_class_embed.weight.sum()
+        else:
+            target = torch.cat([self.denoising_class_embed(dn.labels).to(target.dtype), target], 1)
+            ref_unact = torch.cat([dn.ref_unact.to(ref_unact.dtype), ref_unact], 1)
+            attend = dn.attend
+        logits, boxes = self.decoder.forward_train(target, ref_unact, memory, shapes, self.dec_bbox_head,
+                                                   self.dec_score_head, self.query_pos_head, attend)
+        return pack_train_outputs(logits, boxes, enc_topk_logits, enc_topk_boxes, dn, image_size)

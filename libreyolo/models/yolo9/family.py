@@ -37,11 +37,15 @@ class Yolo9(Family):
     SUPPORTS_CUDA_GRAPH = True  # verified by the graph parity matrix (docs/graph_parity.md)
     training = "libreyolo.train.loss.yolo9:DetectionLoss"  # task-aligned assigner, CIoU, DFL, BCE
     training_items = ("box_loss", "cls_loss", "dfl_loss")
+    train_capture = "network"  # the whole forward and backward is one training graph
     SUPPORTS_PIPELINE_GRAPH = True  # verified by the pipeline rows of the same matrix (tests/test_graphs_gpu.py)
     nc_key = "head.cv3.0.2.bias"  # the first level's class conv: one output per class
 
     def build(self, size: str, nc: int) -> nn.Module:
         return YOLOv9(size, nc)
+
+    def train_encode(self, net: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+        return net(images)["raw_outputs"]  # the loss reads the per-level head maps
 
     def letterbox(self, imgsz: int) -> Letterbox:
         return Letterbox(imgsz, pad_value=114.0, placement="topleft")

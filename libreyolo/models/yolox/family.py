@@ -55,9 +55,15 @@ class Yolox(Family):
     # some past 11 and the boxes past fp16's 65504
     parity_seed_gains = {"head.reg_preds.": 0.02}
     nc_key = "head.cls_preds.0.bias"  # the first level's class conv: one output per class
+    training = "libreyolo.train.loss.yolox:YoloxLoss"  # SimOTA assignment, IoU, objectness and class BCE
+    training_items = ("iou_loss", "obj_loss", "cls_loss")
+    train_capture = "network"  # the whole forward and backward is one training graph
 
     def build(self, size: str, nc: int) -> nn.Module:
         return YOLOX(size, nc)
+
+    def train_encode(self, net: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+        return net.forward_logits(images)  # per-level maps with objectness and class logits, for the loss
 
     def default_imgsz_for(self, size: str) -> int:
         return _DEFAULT_IMGSZ.get(size, self.default_imgsz)

@@ -4,9 +4,10 @@ Module names and tensor shapes follow the LibreYOLO checkpoint format (schema 1.
 reference state dict loads key for key. Sizes differ only in the table ``SIZES``: depth and
 width multipliers, and whether 3x3 convolutions are depthwise-separable (nano only).
 
-The network's output is what reference checkpoints were trained to produce: one map per level,
-``(B, 4 + 1 + nc, H, W)`` holding raw box offsets, the objectness probability and the class
-probabilities. :func:`decode` turns those maps into detector-agnostic predictions.
+The network's output (eval mode) is what reference checkpoints were trained to produce: one map
+per level, ``(B, 4 + 1 + nc, H, W)`` holding raw box offsets, the objectness probability and the
+class probabilities. :func:`decode` turns those maps into detector-agnostic predictions.
+``forward_logits`` returns the same maps with logits instead of probabilities, for training.
 """
 from __future__ import annotations
 
@@ -191,7 +192,9 @@ class YoloxHead(nn.Module):
         for conv in (*self.cls_preds, *self.obj_preds):
             conv.bias.fill_(-math.log((1 - prior) / prior))
 
-    def forward(self, feats: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    def forward(self, feats: tuple[torch.Tensor, ...], logits: bool = False) -> list[torch.Tensor]:
+        """Per level ``(B, 4 + 1 + nc, H, W)``: raw box offsets, then objectness and class
+        probabilities, or (``logits=True``, what the training loss reads) their logits."""
         out = []
         for x, stem, cls_convs, reg_convs, cls_pred, reg_pred, obj_pred in zip(
                 feats, self.stems, self.cls_convs, self.reg_convs, self.cls_preds, self.reg_preds, self.obj_preds,
@@ -199,15 +202,54 @@ class YoloxHead(nn.Module):
             x = stem(x)
             cls_feat = cls_convs(x)
             reg_feat = reg_convs(x)
-            out.append(torch.cat((reg_pred(reg_feat), obj_pred(reg_feat).sigmoid(), cls_pred(cls_feat).sigmoid()), 1))
+            reg, obj, cls = reg_pred(reg_feat), obj_pred(reg_feat), cls_pred(cls_feat)
+            if not logits:
+                obj, cls = obj.sigmoid(), cls.sigmoid()
+            out.append(torch.cat((reg, obj, cls), 1))
         return out
 
 
-def decode(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
-    """Per-level maps -> (B, 4 + nc, N): xyxy boxes in input pixels, then class scores.
+def level_grid(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cells of every level, in the order the maps flatten (level, then row, then column).
+
+    Returns (grid (1, 2, N): each cell's (column, row) index, stride (1, 1, N): its level's stride
+    in input pixels), in the maps' dtype and on their device.
+    """
+    ref = levels[0]
+    centres, scales = [], []
+    for lv, s in zip(levels, strides, strict=True):
+        h, w = lv.shape[2], lv.shape[3]
+        gy, gx = torch.meshgrid(torch.arange(h, device=ref.device, dtype=ref.dtype),
+                                torch.arange(w, device=ref.device, dtype=ref.dtype), indexing="ij")
+        centres.append(torch.stack((gx.flatten(), gy.flatten()), 0))
+        scales.append(torch.full((1, h * w), float(s), device=ref.device, dtype=ref.dtype))
+    return torch.cat(centres, 1).unsqueeze(0), torch.cat(scales, 1).unsqueeze(0)
+
+
+def _box_corners(flat: torch.Tensor, levels: list[torch.Tensor],
+                 strides: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, C >= 4, N) flattened maps -> the (B, 2, N) top-left and bottom-right box corners in pixels."""
+    grid, stride = level_grid(levels, strides)
+    xy = (flat[:, 0:2] + grid) * stride
+    half_wh = torch.exp(flat[:, 2:4]) * stride / 2
+    return xy - half_wh, xy + half_wh
+
+
+def decode_boxes(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
+    """Per-level maps (their first 4 channels: raw box offsets) -> (B, 4, N) xyxy boxes in input pixels.
 
     A cell's box centre is ``(offset + cell index) * stride`` and its size ``exp(log-size) *
-    stride``. Its score is objectness times class probability, for its best class only (zero
+    stride``. The same arithmetic as :func:`decode` (inference, export), for the training loss;
+    differentiable.
+    """
+    flat = torch.cat([lv[:, :4].flatten(2) for lv in levels], 2)  # (B, 4, N)
+    return torch.cat(_box_corners(flat, levels, strides), 1)
+
+
+def decode(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
+    """Per-level maps -> (B, 4 + nc, N): xyxy boxes in input pixels (as :func:`decode_boxes`), then class scores.
+
+    A box's score is objectness times class probability, for its best class only (zero
     for the others): YOLOX labels each box once, so the shared multi-label postprocessing then
     keeps exactly one class per box. The best class is taken on the class probabilities, first
     index on ties. Portable ops only (arange grids, exp, argmax, where), so the same code runs
@@ -215,22 +257,12 @@ def decode(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES) -> to
     the host.
     """
     flat = torch.cat([lv.flatten(2) for lv in levels], 2)  # (B, 5 + nc, N)
-    centres, scales = [], []
-    for lv, s in zip(levels, strides, strict=True):
-        h, w = lv.shape[2], lv.shape[3]
-        gy, gx = torch.meshgrid(torch.arange(h, device=flat.device, dtype=flat.dtype),
-                                torch.arange(w, device=flat.device, dtype=flat.dtype), indexing="ij")
-        centres.append(torch.stack((gx.flatten(), gy.flatten()), 0))
-        scales.append(torch.full((1, h * w), float(s), device=flat.device, dtype=flat.dtype))
-    grid = torch.cat(centres, 1).unsqueeze(0)  # (1, 2, N) cell indices
-    stride = torch.cat(scales, 1).unsqueeze(0)  # (1, 1, N)
-    xy = (flat[:, 0:2] + grid) * stride
-    half_wh = torch.exp(flat[:, 2:4]) * stride / 2
+    top_left, bottom_right = _box_corners(flat, levels, strides)
     obj, cls = flat[:, 4:5], flat[:, 5:]
     best = cls.argmax(1, keepdim=True)
     classes = torch.arange(cls.shape[1], device=flat.device).view(1, -1, 1)
     scores = torch.where(classes == best, cls * obj, torch.zeros_like(cls))
-    return torch.cat((xy - half_wh, xy + half_wh, scores), 1)
+    return torch.cat((top_left, bottom_right, scores), 1)
 
 
 class YOLOX(nn.Module):
@@ -252,3 +284,9 @@ class YOLOX(nn.Module):
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return self.head(self.backbone(x))
+
+    def forward_logits(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The training forward: the same per-level maps ``(B, 4 + 1 + nc, H, W)`` as ``forward``
+        but with objectness and class *logits* (no sigmoid), which the training loss
+        (:class:`libreyolo.train.loss.yolox.YoloxLoss`) reads for numerically stable BCE."""
+        return self.head(self.backbone(x), logits=True)
