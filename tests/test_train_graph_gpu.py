@@ -37,47 +37,56 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rtol: float) -> list[str]:
-    """Names whose largest difference exceeds ``rtol`` of the tensor's largest magnitude."""
-    assert a.keys() == b.keys()
-    return [k for k in a if float((a[k] - b[k]).abs().max()) > rtol * max(float(a[k].abs().max()), 1e-12)]
+def _beyond_noise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], noise: dict[str, torch.Tensor]) -> list[str]:
+    """Names where a and b differ by more than 4x eager's own run-to-run difference (a against
+    ``noise``) plus 1e-4 of the tensor's largest magnitude."""
+    out = []
+    for k in a:
+        own = float((a[k] - noise[k]).abs().max())
+        if float((a[k] - b[k]).abs().max()) > 4 * own + 1e-4 * max(float(a[k].abs().max()), 1e-12):
+            out.append(k)
+    return out
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_first_replay_is_one_eager_step_bit_for_bit(case, amp):
     """Step 0 replayed from the graph: the loss and every buffer are eager's bits. Parameter
-    gradients agree within cuDNN's algorithm choice (a captured backward may get another
-    convolution algorithm than eager; bench/train_bench.py records how far apart they are)."""
+    gradients are eager's within eager's own run-to-run noise (cuDNN may pick non-deterministic
+    algorithms, and the deformable attention's backward adds with atomics); bench/train_bench.py
+    records both differences."""
     name, size, imgsz, b = case
     model = _model(name, size, imgsz)
     start = {k: v.clone() for k, v in model.net.state_dict().items()}
     data = batches(model, 1, b, imgsz)
     eager = run_steps(model, data, graph=False, amp=amp)
     model.net.load_state_dict(start)
+    again = run_steps(model, data, graph=False, amp=amp)
+    model.net.load_state_dict(start)
     graphed = run_steps(model, data, graph=True, amp=amp, capture_after=1)
     assert graphed["graph"]["replays"] == 1 and graphed["graph"]["eager_batches"] == 0, graphed["graph"]
     assert torch.equal(eager["losses"][0], graphed["losses"][0]), (eager["losses"][0], graphed["losses"][0])
     assert not _equal(eager["buffers"], graphed["buffers"]), "BatchNorm buffers differ after the first replay"
-    assert not _close(eager["grads"], graphed["grads"], 5e-2), "gradients differ after the first replay"
+    assert not _beyond_noise(eager["grads"], graphed["grads"], again["grads"]), "gradients beyond eager's noise"
 
 
 def test_gradient_accumulation_over_replays_is_the_sum_of_single_replays():
     """Two replayed batches accumulate g1 + g2 into .grad (no aliasing of the static gradient
-    buffers: an aliased .grad would hold 2 * g2)."""
-    model = _model("yolo9", "t", 256)
+    buffers: an aliased .grad would hold 2 * g2). ViT-Ti: its backward is deterministic here, so
+    the sums can be compared bit for bit."""
+    model = _model("vit", "ti", 224)
     from libreyolo.train.loss import loss_for
     from libreyolo.train.trainer import TrainForward
 
-    data = batches(model, 2, 2, 256)
-    criterion = loss_for("yolo9", "detect", model.nc)
+    data = batches(model, 2, 4, 224)
+    criterion = loss_for("vit", "classify", model.nc)
     net = model.net.train()
     graphs = TrainGraphs(model.family, net, amp=False, capture_after=1)
     forward = TrainForward(model.family, net, graphs.encode)
     start = {k: v.clone() for k, v in net.state_dict().items()}
 
     def grads_of(batches_: list) -> dict[str, torch.Tensor]:
-        net.load_state_dict(start)  # BatchNorm statistics back, so every replay sees the same state
+        net.load_state_dict(start)
         net.zero_grad(set_to_none=True)
         for images, targets in batches_:
             loss, _ = criterion(forward(images, targets), targets)

@@ -361,7 +361,9 @@ class Trainer:
         if not torch.isfinite(loss):
             return None, float(loss)
         scaler.scale(loss).backward()
-        return loss, items
+        # detached: a live loss keeps last step's autograd graph (and its AccumulateGrad nodes, bound
+        # to the stream they ran on) alive into the next step, where a CUDA-graph capture would trip on it
+        return loss.detach(), items
 
     def _ranks_agree(self, net: nn.Module) -> bool:
         """Whether every rank ends with bit-identical parameters (logged by rank 0)."""

@@ -75,7 +75,7 @@ class TaskAlignedAssigner(nn.Module):
         labels = gt_labels.view(b, m).long().clamp(0, c - 1)  # padded rows may hold anything
         candidates = self._centres_inside(anchor_points, gt_bboxes) & mask_gt.view(b, m, 1).bool()  # (B, M, N)
 
-        iou = torch.vmap(box_iou)(gt_bboxes.to(pred_bboxes.dtype), pred_bboxes).clamp(0, 1)  # (B, M, N)
+        iou = box_iou(gt_bboxes.to(pred_bboxes.dtype), pred_bboxes).clamp(0, 1)  # (B, M, N)
         iou = iou.masked_fill(~candidates, 0)
         # probability each anchor gives to each box's class: (B, N, C) -> (B, M, N)
         score = pred_scores.gather(2, labels.unsqueeze(1).expand(b, n, m)).transpose(1, 2)

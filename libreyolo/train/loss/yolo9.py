@@ -117,7 +117,7 @@ class DetectionLoss:
         cls_logits = cls_logits.transpose(1, 2)  # (B, N, nc)
         decoded = decode_dfl(raw, nc, self.strides, reg_max).transpose(1, 2)  # (B, N, 4 + nc)
         pred_bboxes = decoded[..., :4]  # xyxy pixels, differentiable through the box logits
-        anchors, strides = make_anchors([r.shape[2:] for r in raw], self.strides, device=flat.device)
+        anchors, strides = self._anchors([tuple(r.shape[2:]) for r in raw], flat.device)
 
         gt_labels, gt_bboxes, mask_gt = self._pad_targets(targets, b)
         _, target_bboxes, target_scores, fg, _ = self.assigner(
@@ -138,6 +138,14 @@ class DetectionLoss:
 
         items = torch.stack((loss_box * self.gains[0], loss_cls * self.gains[1], loss_dfl * self.gains[2]))
         return items.sum() * b, items.detach()
+
+    def _anchors(self, shapes: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`make_anchors` for these level shapes, built once per shape and device."""
+        cache = self.__dict__.setdefault("_anchor_cache", {})
+        key = (tuple(shapes), str(device))
+        if key not in cache:
+            cache[key] = make_anchors(list(shapes), self.strides, device=device)
+        return cache[key]
 
     def _pad_targets(self, targets: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(M, 6) rows -> per image, padded to the most boxes any image has: labels (B, Mmax, 1),
