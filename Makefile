@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - create .venv, install, export the default model (YOLOv9-t) to ONNX with its validation report
+#   make demo   - create .venv, install, export the bundled demo detector (YOLOv9-t trained on synthetic shapes)
+#                 to ONNX with its validation report, then detect the shapes of the bundled held-out image
 #   make test   - create .venv, install with test extras, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,8 +23,8 @@ venv: $(BIN)/python
 
 demo: venv
 	mkdir -p out
-	$(BIN)/libreyolo export model=LibreYOLO9t.yaml format=onnx imgsz=640 output=out/LibreYOLO9t.onnx
-	$(BIN)/libreyolo predict model=out/LibreYOLO9t.onnx save_dir=out
+	$(BIN)/libreyolo export model=LibreYOLO9t-shapes.pt format=onnx output=out/LibreYOLO9t-shapes.onnx
+	$(BIN)/libreyolo predict model=out/LibreYOLO9t-shapes.onnx source=libreyolo/assets/shapes.jpg save_dir=out
 
 test: venv
 	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" --durations=15 tests

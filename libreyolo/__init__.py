@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from libreyolo._version import __version__
-from libreyolo.assets import SAMPLE_IMAGE
+from libreyolo.assets import SAMPLE_IMAGE, SHAPES_IMAGE
 
-__all__ = ["SAMPLE_IMAGE", "LibreYOLO", "__version__", "set_fused_attention"]
+__all__ = ["SAMPLE_IMAGE", "SHAPES_IMAGE", "LibreYOLO", "__version__", "set_fused_attention"]
 
 
 def __getattr__(name: str) -> Any:

@@ -60,6 +60,13 @@ def _from_yaml(path: Path, nc: Any, names: Any, device: Any):
     return Model(family, size, nc=nc, names=names, imgsz=imgsz, device=device)
 
 
+def _bundled(name: str) -> Path | None:
+    from libreyolo.assets import ASSETS
+
+    candidate = ASSETS / name
+    return candidate if name.endswith(".pt") and candidate.is_file() else None
+
+
 def LibreYOLO(  # noqa: N802 - a factory named like the class users know
     model: str | Path,
     *,
@@ -73,7 +80,8 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
 
     - ``"LibreYOLO9t.pt"`` or any path to a LibreYOLO checkpoint: the eager model with its weights.
       A name that is not a local file is downloaded from the Hugging Face Hub
-      (``LibreYOLO/<stem>``, needs ``pip install 'libreyolo[hub]'``).
+      (``LibreYOLO/<stem>``, needs ``pip install 'libreyolo[hub]'``), unless the package ships a
+      checkpoint of that name (``"LibreYOLO9t-shapes.pt"``, the demo detector of coloured shapes).
     - ``"LibreYOLO9t.yaml"``: the untrained architecture (``nc``/``names`` set the classes).
     - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2"``: an exported artifact through its runtime.
 
@@ -101,6 +109,8 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
         return runtime.load(path, device=dev, verify=verify, **runtime_kwargs)
     if runtime_kwargs:
         raise TypeError(f"unexpected arguments for an eager model: {sorted(runtime_kwargs)}")
+    if not path.exists() and path.parent == Path(".") and _bundled(path.name) is not None:
+        path = _bundled(path.name)  # a checkpoint shipped with the package (the demo's LibreYOLO9t-shapes.pt)
     if not path.exists():
         stem = path.stem if suffix in (".pt", "") else None
         looks_like_hub_name = stem is not None and path.parent == Path(".") and family_from_filename(stem)

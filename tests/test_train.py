@@ -150,3 +150,13 @@ def test_two_process_gloo_ddp_run_finishes_and_only_rank0_writes(shapes, tmp_pat
     logs = proc.stdout + proc.stderr
     assert "all 2 ranks hold bit-identical final weights" in logs, logs[-3000:]
     assert proc.stderr.count("cuda_graph=True") == 1, logs[-3000:]  # one reason line, from rank 0 only
+
+
+def test_default_training_device_is_the_gpu_when_there_is_one(monkeypatch):
+    from libreyolo.train import trainer as T
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert T._default_device(torch.device("cpu")) == torch.device("cuda", 0)
+    assert T._default_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert T._default_device(torch.device("cpu")) == torch.device("cpu")

@@ -39,7 +39,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--device", default=None)
+    p.add_argument("--optimizer", default="AdamW", help="AdamW suits a short from-scratch schedule (default)")
+    p.add_argument("--lr0", type=float, default=0.002)
+    p.add_argument("--nbs", type=int, default=16, help="nominal batch (no gradient accumulation at batch 16)")
     p.add_argument("--cuda-graph", action="store_true")
+    p.add_argument("--no-val", action="store_true", help="skip the per-epoch validation (the best weights are then "
+                   "the last; the final checkpoint is validated once at the end)")
     p.add_argument("--install", action="store_true", help="copy the weights and the sample image into the package")
     a = p.parse_args(argv)
     out = Path(a.out)
@@ -50,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     t1 = time.time()
     summary = model.train(data=str(data), epochs=a.epochs, imgsz=a.imgsz, batch=a.batch, workers=a.workers,
                           project=str(out), name="train", exist_ok=True, close_mosaic=max(1, a.epochs // 8),
-                          cuda_graph=a.cuda_graph, seed=0)
+                          cuda_graph=a.cuda_graph, seed=0, val=not a.no_val, optimizer=a.optimizer, lr0=a.lr0,
+                          nbs=a.nbs)
     trained = time.time() - t1
     best = LibreYOLO(summary["best"])
     metrics = best.val(data=str(data), imgsz=a.imgsz, batch=a.batch, workers=a.workers)
@@ -58,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
               "command": "python tools/train_demo.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "dataset": {"n_train": a.n_train, "n_val": a.n_val, "imgsz": a.imgsz, "seed": 0,
                           "classes": list(model.names.values())},
-              "train": {"epochs": a.epochs, "batch": a.batch, "imgsz": a.imgsz, "cuda_graph": a.cuda_graph,
+              "train": {"epochs": a.epochs, "batch": a.batch, "optimizer": a.optimizer, "lr0": a.lr0,
+                        "nbs": a.nbs, "imgsz": a.imgsz, "cuda_graph": a.cuda_graph,
                         "seconds": round(trained, 1), "dataset_seconds": round(made, 1),
                         "graph": summary.get("graph")},
               "val_metrics_best": metrics, "last_epoch": summary.get("last_metrics"),
@@ -76,6 +83,7 @@ def _atomic_copy(src: Path, dst: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name, suffix=".tmp")
     os.close(fd)
     shutil.copyfile(src, tmp)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, dst)
 
 

@@ -5,6 +5,10 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent
 SAMPLE_IMAGE = str(ASSETS / "sample.jpg")
+# the demo detector: YOLOv9-t trained on the synthetic shapes dataset (tools/train_demo.py; how it was
+# made and its mAP: LibreYOLO9t-shapes.json), and a held-out image of that dataset's kind
+DEMO_MODEL = "LibreYOLO9t-shapes.pt"
+SHAPES_IMAGE = str(ASSETS / "shapes.jpg")
 
 COCO80 = (
     'person',

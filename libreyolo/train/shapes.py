@@ -129,5 +129,9 @@ def make_shapes_dataset(root: str | Path, *, n_train: int = 64, n_val: int = 16,
 
 def sample_image(seed: int = 12345, imgsz: int = 640) -> Image.Image:
     """One detection image of the dataset's kind drawn from its own ``seed`` (a held-out sample)."""
-    img, _ = _detection_image(imgsz, np.random.default_rng(seed))
-    return img
+    return sample_with_boxes(seed, imgsz)[0]
+
+
+def sample_with_boxes(seed: int = 12345, imgsz: int = 640) -> tuple[Image.Image, list[tuple[int, tuple]]]:
+    """:func:`sample_image` and its objects: ``(class, (x1, y1, x2, y2))`` in pixels."""
+    return _detection_image(imgsz, np.random.default_rng(seed))

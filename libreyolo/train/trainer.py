@@ -50,7 +50,7 @@ class TrainArgs:
     imgsz: int | None = None  # default: the model's
     batch: int = 16
     workers: int = 2
-    device: str | None = None
+    device: str | None = None  # None: the model's GPU, else cuda:0 when there is one, else the model's device
     optimizer: str = "auto"
     lr0: float = 0.01
     lrf: float = 0.01
@@ -130,7 +130,7 @@ class Trainer:
 
         self.args = args
         self.rank, self.local_rank, self.world = _dist_env()
-        device = resolve_device(args.device) if args.device is not None else model.device
+        device = resolve_device(args.device) if args.device is not None else _default_device(model.device)
         if self.world > 1 and device.type == "cuda":
             device = torch.device("cuda", self.local_rank)
         self.device = device
@@ -470,6 +470,14 @@ class Trainer:
         if a.epochs == TrainArgs.epochs and "epochs" in saved:
             a.epochs = saved["epochs"]
         return state
+
+
+def _default_device(model_device: torch.device) -> torch.device:
+    """``device=None``: the model's device if it is a GPU, else the first CUDA GPU when there is one
+    (as Ultralytics does: a model loaded on the CPU still trains on the GPU), else the model's."""
+    if model_device.type == "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return model_device
 
 
 def _timed(loader, wait: list[float]):
