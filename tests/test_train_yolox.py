@@ -213,13 +213,13 @@ def test_a_few_steps_on_a_fixed_batch_lower_the_loss():
     crit = YoloxLoss(nc=NC)
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
     losses = []
-    for _ in range(15):
+    for _ in range(30):  # 15 steps fell short of the bar at 2 threads; 30 reach 0.52-0.57 at 1 and 2 threads
         loss, _ = crit(net.forward_logits(x), _targets())
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert np.mean(losses[-3:]) < 0.85 * losses[0], losses
+    assert np.mean(losses[-5:]) < 0.8 * losses[0], losses
 
 
 # --- end to end --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from libreyolo.errors import ArgumentError
 from libreyolo.models._detr.layers import inverse_sigmoid
@@ -145,3 +146,22 @@ def pack_train_outputs(logits: list[torch.Tensor], boxes: list[torch.Tensor], en
         "dn_group_size": 0 if dn is None else dn.group_size, "dn_groups": 0 if dn is None else dn.groups,
         "image_size": tuple(image_size),
     }
+
+
+def prepend_denoising(decoder: nn.Module, target: torch.Tensor, ref_unact: torch.Tensor, gt: GroundTruth,
+                      num_queries: int) -> tuple[torch.Tensor, torch.Tensor, Denoising | None, torch.Tensor | None]:
+    """Put the batch's denoising queries in front of the ``num_queries`` selected ones.
+
+    ``decoder`` holds ``nc``, ``num_denoising``, ``label_noise``, ``box_noise`` and
+    ``denoising_class_embed``. Returns ``(target, ref_unact, dn, attend)``: the query contents and
+    unactivated reference boxes with the denoising groups first, the groups (None when the decoder
+    has none or the batch holds no box) and their attention mask. Without groups the class
+    embedding still enters the graph as a zero term, since DDP needs every parameter used."""
+    dn = make_denoising(gt, decoder.nc, num_queries, num_denoising=decoder.num_denoising,
+                        label_noise=decoder.label_noise, box_noise=decoder.box_noise) \
+        if decoder.num_denoising > 0 else None
+    if dn is None:
+        return target + 0.0 * decoder.denoising_class_embed.weight.sum(), ref_unact, None, None
+    target = torch.cat([decoder.denoising_class_embed(dn.labels).to(target.dtype), target], 1)
+    ref_unact = torch.cat([dn.ref_unact.to(ref_unact.dtype), ref_unact], 1)
+    return target, ref_unact, dn, dn.attend

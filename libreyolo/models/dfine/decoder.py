@@ -21,7 +21,7 @@ from torch import nn
 
 from libreyolo.kernels.attention import ms_deform_attn
 from libreyolo.models._detr.anchors import AnchorCache
-from libreyolo.models._detr.denoising import GroundTruth, make_denoising, pack_train_outputs
+from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
 from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 
 Shapes = list[tuple[int, int]]
@@ -282,15 +282,7 @@ class DFINETransformer(nn.Module):
         enc_topk_boxes = torch.sigmoid(ref_unact)
         # the decoder starts from the selection, but its gradient does not flow back into it
         target, ref_unact = selected.detach(), ref_unact.detach()
-        dn = make_denoising(gt, self.nc, q, num_denoising=self.num_denoising, label_noise=self.label_noise,
-                            box_noise=self.box_noise) if self.num_denoising > 0 else None
-        attend = None
-        if dn is None:  # keep the denoising embedding in the graph (a zero term): DDP needs every parameter used
-            target = target + 0.0 * self.denoising_class_embed.weight.sum()
-        else:
-            target = torch.cat([self.denoising_class_embed(dn.labels).to(target.dtype), target], 1)
-            ref_unact = torch.cat([dn.ref_unact.to(ref_unact.dtype), ref_unact], 1)
-            attend = dn.attend
+        target, ref_unact, dn, attend = prepend_denoising(self, target, ref_unact, gt, q)
         logits, boxes, corners, initial, project = self.decoder.forward_train(
             target, ref_unact, memory, shapes, self.dec_bbox_head, self.dec_score_head, self.query_pos_head,
             self.pre_bbox_head, self.integral, attend)
