@@ -60,3 +60,13 @@ def test_the_demo_detector_records_how_it_was_made():
     record = json.loads((ASSETS / "LibreYOLO9t-shapes.json").read_text())
     assert record["command"].startswith("python tools/train_demo.py")
     assert record["dataset"]["seed"] == 0 and record["val_metrics_best"]["mAP50"] > 0.5
+
+
+def test_make_demo_export_of_the_trained_detector_validates(tmp_path):
+    """What `make demo` runs: a trained model's ONNX export must pass validation (a relative
+    tolerance tuned on untrained weights once failed it on the ramps probe)."""
+    report = LibreYOLO(DEMO_MODEL).export(format="onnx", output=tmp_path / "shapes.onnx", verbose=False)
+    assert report.validation.status == "passed", report.validation.text()
+    art = LibreYOLO(tmp_path / "shapes.onnx")
+    truth = sorted(c for c, _ in sample_with_boxes(SEED, 640)[1])
+    assert sorted(art(SHAPES_IMAGE, conf=0.25).boxes.cls.tolist()) == truth

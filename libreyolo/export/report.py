@@ -57,8 +57,10 @@ class ValidationReport:
         lines = [f"validation: {self.headline()}"]
         for c in self.checks:
             mark = "ok " if c["passed"] else "BAD"
+            worst = (f"worst {c['worst_error']:.3g} where {c['allowed']:.3g} allowed" if "worst_error" in c
+                     else f"allowed {c['allowed']:.3g}")
             lines.append(f"  {mark} {c['probe']:<16} {c['output']:<15} max abs {c['max_abs_error']:.3g} "
-                         f"(allowed {c['allowed']:.3g})  cosine {c['cosine']:.8f}")
+                         f"({worst})  cosine {c['cosine']:.8f}")
         for d in self.detections:
             mark = "ok " if d["passed"] else "BAD"
             if d.get("kind") == "classes":

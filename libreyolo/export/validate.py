@@ -97,9 +97,10 @@ def compare_outputs(ref: torch.Tensor, got: torch.Tensor, atol: float, rtol: flo
         cos = float(torch.dot(r.flatten(), g.flatten()) / (r.norm() * g.norm()))
     else:
         cos = 1.0 if torch.equal(r, g) else 0.0
-    worst = int(torch.argmax(err - allowed)) if err.numel() else 0
+    worst = int(torch.argmax(err / allowed)) if err.numel() else 0  # the element nearest (or past) its allowance
     ok = bool((err <= allowed).all()) and cos >= min_cos and bool(torch.isfinite(g).all())
     return {"max_abs_error": float(err.max()) if err.numel() else 0.0,
+            "worst_error": float(err.flatten()[worst]) if err.numel() else 0.0,
             "allowed": float(allowed.flatten()[worst]) if err.numel() else atol, "cosine": cos, "passed": ok}
 
 

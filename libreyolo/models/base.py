@@ -42,12 +42,15 @@ class ExportContract:
     # "<format>:<precision>" (e.g. "executorch:fp32") overrides the precision's value for one
     # format, and "<format>:<device type>:<precision>" for one format on one device
     tolerances: dict[str, float] = field(default_factory=lambda: {"fp32": 1e-4, "fp16": 5e-2})
-    # allowance relative to the reference value, added to the absolute one: outputs in pixels
-    # (boxes up to ~1000 px) differ by one float32 ulp (6e-5 at 512, 1.2e-4 at 1024).
-    # AOTInductor on CUDA: Inductor's fused Triton kernels and the Conv-BN folding reorder the
-    # fp32 arithmetic of the whole network; boxes move by a few ulps per layer (0.002 px at 640
-    # measured on the H200 for YOLOv9-t), hence 1e-5 relative there (6.4e-3 px at 640)
-    rtol: dict[str, float] = field(default_factory=lambda: {"fp32": 1e-6, "fp16": 1e-2, "aoti:cuda:fp32": 1e-5})
+    # allowance relative to the reference value, added to the absolute one. fp32: another runtime
+    # sums in another order, and a trained network amplifies that on out-of-distribution probes:
+    # the shipped demo detector (LibreYOLO9t-shapes.pt) differs from ONNX Runtime by 3.1e-4 at about
+    # 8 px on the validator's ramps probe (4e-5 relative), and by 2.7e-3 at 21 px (1.2e-4) on the
+    # graph-parity harness's ramp at 256 px; untrained weights stay under 1e-6 relative,
+    # and AOTInductor on CUDA moved YOLOv9-t's boxes by 0.002 px at 640. Hence 1e-3, the usual
+    # allclose rtol for exported fp32 graphs; decoded detections are still matched box for box
+    # and the cosine bar stays at 0.99999
+    rtol: dict[str, float] = field(default_factory=lambda: {"fp32": 1e-3, "fp16": 1e-2})
     # minimum cosine similarity of raw outputs per precision
     min_cosine: dict[str, float] = field(default_factory=lambda: {"fp32": 0.99999, "fp16": 0.999})
     # embedded NMS (export option nms=True): the output holding (B, 4 + nc, N) xyxy boxes in
