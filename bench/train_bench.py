@@ -13,6 +13,11 @@
 - ``steps``: median ms per training step (forward, loss, backward, SGD step; AMP as the trainer
   uses on CUDA) eager and graphed on synthetic batches: YOLOv9-t at 640 with batch 2, 8 and 16,
   the other families at batch 8, RT-DETR-r18 at batch 2 and 8.
+- ``loop``: ms per step inside a whole ``train()`` (loader, loss, optimizer, EMA: everything), ours
+  and the reference's (``bench/peer_train_steps.py``, its own ``train()`` as a black box) on the
+  same tiny dataset: YOLOv9-t at 640 with batch 2, 8 and 16, YOLOX-n and D-FINE-n at batch 8
+  (the families the reference trains without downloads), eager and graphed, 3 epochs; the mean of
+  epochs 2-3 over the batches per epoch (epoch 1 holds warm-up and capture).
 - ``epoch``: our ``model.train()`` on the reference's own timing set-up
   (``../shared/bench/peer_train_bench.py``: its tiny dataset of 256 images, YOLOv9-t, batch 8,
   640, 3 epochs, 4 workers, no validation), eager and ``cuda_graph=True``, and the reference's
@@ -151,6 +156,70 @@ def _time_steps(model: Model, data: tuple, criterion, graph: bool, n: int, warmu
     return round(statistics.median(times), 3), graphs.replays if graphs else 0
 
 
+LOOP = "yolo9:t:2,yolo9:t:8,yolo9:t:16,yolox:n:8,dfine:n:8"
+FAMILY_CONFIG = {"yolo9": "LibreYOLO9{}.yaml", "yolox": "LibreYOLOX{}.yaml", "dfine": "LibreDFINE{}.yaml"}
+
+
+def loop_times(peer_python: str | None, peer: str, tiny: str, runs: str = LOOP, images: int = 256,
+               epochs: int = 3, imgsz: int = 640, device: str = "cuda", workers: int = 4,
+               who: str = "both") -> list[dict]:
+    """ms per step of whole ``train()`` runs, ours then the reference's (same dataset writer, same settings)."""
+    import math
+
+    from libreyolo import LibreYOLO
+
+    tmp = tempfile.mkdtemp()
+    yaml = subprocess.check_output([sys.executable, tiny, os.path.join(tmp, "ds"), str(images)]).decode().strip()
+    rows = []
+    for spec in runs.split(",") if who in ("both", "ours") else []:
+        family, size, batch = spec.split(":")
+        for graph in (False, True):
+            row = {"who": "ours", "family": f"{family}-{size}", "batch": int(batch), "imgsz": imgsz,
+                   "cuda_graph": graph, "images": images, "epochs": epochs}
+            m = LibreYOLO(FAMILY_CONFIG[family].format(size), device=device)
+            t = time.time()
+            s = m.train(data=yaml, epochs=epochs, batch=int(batch), imgsz=imgsz, cuda_graph=graph,
+                        workers=workers, project=tmp, name=f"{family}{size}-b{batch}-g{int(graph)}",
+                        device=device, plots=False, val=False, seed=0)
+            row["wall_s"] = round(time.time() - t, 2)
+            with open(Path(s["save_dir"]) / "results.json") as f:
+                epochs_run = json.load(f)
+            secs = [r["seconds"] for r in epochs_run]
+            row["epoch_s"] = secs
+            row["data_s"] = [r.get("data_seconds") for r in epochs_run]
+            row["step_ms"] = round(sum(secs[1:]) / len(secs[1:]) / math.ceil(images / int(batch)) * 1e3, 2)
+            row["graph"] = {k: s["graph"].get(k) for k in ("captured_shapes", "replays", "eager_batches", "failures")}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del m
+            torch.cuda.empty_cache()
+    if peer_python and who in ("both", "reference"):
+        script = str(Path(__file__).resolve().parent / "peer_train_steps.py")
+        proc = subprocess.run([peer_python, script, "--peer", peer, "--tiny", tiny, "--runs", runs,
+                               "--images", str(images), "--epochs", str(epochs), "--imgsz", str(imgsz),
+                               "--device", device, "--workers", str(workers)],
+                              capture_output=True, text=True, timeout=1500)
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                rows.append({"who": "reference", **json.loads(line)})
+                print(json.dumps(rows[-1]), flush=True)
+        if proc.returncode:
+            rows.append({"who": "reference", "error": proc.stderr[-1500:]})
+    _loop_table(rows)
+    return rows
+
+
+def _loop_table(rows: list[dict]) -> None:
+    ours = {(r["family"], r["batch"], r["cuda_graph"]): r for r in rows if r.get("who") == "ours"}
+    ref = {(r["family"], r["batch"], r["cuda_graph"]): r for r in rows if r.get("who") == "reference" and "family" in r}
+    print(f"{'family':>10} {'batch':>5} {'graph':>5} {'ours ms':>9} {'ref ms':>9} {'ratio':>6}")
+    for key, r in ours.items():
+        other = ref.get(key, {})
+        mine, theirs = r.get("step_ms"), other.get("step_ms")
+        ratio = f"{mine / theirs:.2f}" if mine and theirs else other.get("error", "-")[:40]
+        print(f"{key[0]:>10} {key[1]:>5} {str(key[2]):>5} {mine!s:>9} {theirs!s:>9} {ratio:>6}")
+
+
 def epoch_times(peer_python: str | None, peer_script: str | None, tiny: str) -> list[dict]:
     from libreyolo import LibreYOLO
 
@@ -189,6 +258,10 @@ def main() -> None:
     p.add_argument("--peer-python", default=None)
     p.add_argument("--peer-script", default=None, help="the reference's timing script (peer_train_bench.py)")
     p.add_argument("--tiny", default=".gpushared/make_tiny_dataset.py", help="the reference bench's dataset writer")
+    p.add_argument("--peer", default=".peer", help="loop: the reference's unpacked package folder")
+    p.add_argument("--loop-runs", default=LOOP, help="loop: family:size:batch,...")
+    p.add_argument("--loop-who", default="both", choices=("both", "ours", "reference"),
+                   help="loop: whose runs (split across jobs when one job's time is limited)")
     a = p.parse_args()
     want = a.sections.split(",")
     out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
@@ -197,6 +270,8 @@ def main() -> None:
         out["parity"] = parity(a.steps)
     if "steps" in want:
         out["steps"] = step_times(a.n, a.warmup)
+    if "loop" in want:
+        out["loop"] = loop_times(a.peer_python, a.peer, a.tiny, a.loop_runs, who=a.loop_who)
     if "epoch" in want:
         out["epoch"] = epoch_times(a.peer_python, a.peer_script, a.tiny)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)

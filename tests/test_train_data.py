@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from libreyolo.errors import DatasetError
-from libreyolo.train.augment import AugmentConfig, hsv_jitter
+from libreyolo.train.augment import AugmentConfig, hsv_jitter, random_affine
 from libreyolo.train.data import (
     ClassifyDataset,
     DetectionDataset,
@@ -254,11 +254,41 @@ def test_mosaic_closes_for_the_last_epochs(tmp_path):
     assert ds[0][2]["mosaic"] is False
 
 
+def test_affine_warp_keeps_pixels_and_boxes_on_the_same_grid():
+    """An identity warp returns the image unchanged (OpenCV samples at integer pixel centres, the
+    matrix is in continuous coordinates: a half-pixel slip would blur every edge), and a 1.5x zoom
+    maps a box onto exactly the pixels its object lands on."""
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    boxes = np.array([[0, 8.0, 6.0, 24.0, 30.0]], np.float32)
+    same, kept = random_affine(img, boxes, (64, 48), AugmentConfig(scale=0.0, translate=0.0), rng)
+    assert np.array_equal(same, img) and np.allclose(kept, boxes)
+    square = np.full((40, 40, 3), 114, np.uint8)
+    square[10:20, 10:20] = (255, 0, 0)
+    draws = iter([0.0, 1.5, 0.0, 0.0, 0.5, 0.5])  # angle, zoom 1.5, shear x, shear y, centred
+
+    class Fixed:
+        def uniform(self, lo, hi):
+            return next(draws)
+
+    box = np.array([[0, 10.0, 10.0, 20.0, 20.0]], np.float32)
+    warped, mapped = random_affine(square, box, (40, 40), AugmentConfig(scale=0.5, translate=0.0), Fixed())
+    assert np.allclose(mapped[0, 1:], [5, 5, 20, 20])  # (10 - 20) * 1.5 + 20 = 5
+    ys, xs = np.nonzero((warped[..., 0] > 200) & (warped[..., 1] < 50))
+    assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (5, 5, 20, 20)
+    # the pixel left of the edge, centre 4.5, samples 9.67: 1/6 of the way into the red column at 10
+    # (a warp on pixel indices instead would sample 9.33, a third of the way: red 161)
+    assert abs(int(warped[12, 4, 0]) - (114 + (255 - 114) / 6)) <= 3, warped[12, 4]
+
+
 def test_hsv_jitter_moves_colours_but_keeps_grey(tmp_path):
-    img = Image.new("RGB", (8, 8), (200, 40, 40))
-    img.paste((114, 114, 114), (0, 0, 4, 8))
-    out = np.asarray(hsv_jitter(img, 0.3, 0.0, 0.0, np.random.default_rng(1)))
+    img = np.full((8, 8, 3), (200, 40, 40), np.uint8)
+    img[:, :4] = 114
+    out = hsv_jitter(img, 0.3, 0.0, 0.0, np.random.default_rng(1))
+    assert out.shape == img.shape and out.dtype == np.uint8
     assert (out[:, :4] == 114).all() and not (out[:, 4:] == (200, 40, 40)).all()
+    brighter = hsv_jitter(img, 0.0, 0.0, 0.4, np.random.default_rng(3))  # value only: hue and grey stay
+    assert (brighter[:, :4] == brighter[0, 0]).all() and (brighter[:, :4, 0] == brighter[:, :4, 1]).all()
     assert hsv_jitter(img, 0.0, 0.0, 0.0, np.random.default_rng(1)) is img
 
 

@@ -448,14 +448,14 @@ class DetectionDataset(_ReadsImages):
     def mosaic_closed(self) -> bool:
         return bool(self._mosaic_closed[0])
 
-    def _resized(self, i: int) -> tuple[int, Image.Image, np.ndarray, tuple[int, int]]:
-        """Image ``i`` with its long side at ``imgsz`` and its boxes in its pixels."""
+    def _resized(self, i: int) -> tuple[int, np.ndarray, np.ndarray, tuple[int, int]]:
+        """Image ``i`` (HWC) with its long side at ``imgsz`` and its boxes in its pixels."""
         j, arr = self._read(i)
         h, w = arr.shape[:2]
-        img, _ = aug.resize_long_side(Image.fromarray(arr), self.imgsz)
+        img, _ = aug.resize_long_side(arr, self.imgsz)
         boxes = self.labels[j].copy()
-        boxes[:, [1, 3]] *= img.width
-        boxes[:, [2, 4]] *= img.height
+        boxes[:, [1, 3]] *= img.shape[1]
+        boxes[:, [2, 4]] *= img.shape[0]
         return j, img, boxes, (h, w)
 
     def _letterboxed(self, i: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -485,8 +485,7 @@ class DetectionDataset(_ReadsImages):
         else:
             j, img, boxes, orig_shape = self._resized(i)
         img, boxes = aug.random_affine(img, boxes, (size, size), hyp, rng)
-        img = aug.hsv_jitter(img, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
-        arr = np.asarray(img)
+        arr = aug.hsv_jitter(img, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v, rng)
         if rng.random() < hyp.fliplr:
             arr, boxes = aug.flip_lr(arr, boxes)
         if rng.random() < hyp.flipud:
@@ -547,6 +546,12 @@ def _seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
+    try:  # one OpenCV thread per worker: the workers are the parallelism (no oversubscribed cores)
+        import cv2
+
+        cv2.setNumThreads(0)
+    except ImportError:
+        pass
 
 
 def build_dataloader(dataset: torch.utils.data.Dataset, batch: int, *, shuffle: bool, workers: int,

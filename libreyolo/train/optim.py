@@ -210,20 +210,40 @@ class ModelEMA:
     def update(self, model: nn.Module) -> None:
         d = self.decay
         self.updates += 1
-        source = unwrap_model(model).state_dict()
-        averaged, targets = [], []
+        averaged, targets, ema_ints, model_ints, cast = self._pairs(unwrap_model(model))
+        if ema_ints:
+            torch._foreach_copy_(ema_ints, model_ints)  # copy_ semantics: casts and moves as needed
+        if cast:  # a model held in half precision (or elsewhere): the average stays fp32 on its device
+            targets = [t.to(device=e.device, dtype=e.dtype) for t, e in zip(targets, averaged, strict=True)]
+        if averaged:
+            torch._foreach_lerp_(averaged, targets, 1.0 - d)  # a few fused launches, not ~1000 small ones
+
+    def _pairs(self, model: nn.Module) -> tuple[Any, ...]:
+        """(EMA floats, model floats, EMA integers, model integers, whether floats need a cast),
+        matched by state-dict key.
+
+        Built once and reused while the model holds the same parameter and buffer objects (an
+        optimizer updates them in place), so a step does not walk two state dicts of ~1000
+        entries nor issue one copy per integer buffer; replacing a tensor rebuilds the pairing."""
+        current = _state_tensors(model)
+        cached = self.__dict__.get("_pair_cache")
+        if (cached is not None and cached[0] is model and len(cached[1]) == len(current)
+                and all(x is y for x, y in zip(cached[1], current, strict=True))):
+            return cached[2]
+        source = model.state_dict(keep_vars=True)
+        floats_e, floats_m, ints_e, ints_m = [], [], [], []
         for key, ema_value in self.module.state_dict().items():
             value = source[key].detach()
             if ema_value.is_floating_point():
-                averaged.append(ema_value)
-                targets.append(value.to(device=ema_value.device, dtype=ema_value.dtype))
+                floats_e.append(ema_value)
+                floats_m.append(value)
             else:
-                ema_value.copy_(value)
-        if hasattr(torch, "_foreach_lerp_"):  # one fused launch per device/dtype instead of ~1000 small ones
-            torch._foreach_lerp_(averaged, targets, 1.0 - d)
-        else:
-            for ema_value, value in zip(averaged, targets, strict=True):
-                ema_value.lerp_(value, 1.0 - d)
+                ints_e.append(ema_value)
+                ints_m.append(value)
+        cast = any(m.dtype != e.dtype or m.device != e.device for e, m in zip(floats_e, floats_m, strict=True))
+        pairs = (floats_e, floats_m, ints_e, ints_m, cast)
+        self._pair_cache = (model, current, pairs)
+        return pairs
 
     def state_dict(self) -> dict[str, Any]:
         return {"module": self.module.state_dict(), "updates": self.updates, "decay": self.decay_max,
@@ -234,6 +254,11 @@ class ModelEMA:
         self.updates = int(state.get("updates", 0))
         self.decay_max = float(state.get("decay", self.decay_max))
         self.tau = float(state.get("tau", self.tau))
+
+
+def _state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The model's parameters and buffers, in a fixed order (identity of the state-dict tensors)."""
+    return [*model.parameters(), *model.buffers()]
 
 
 def clip_gradients(model: nn.Module, max_norm: float = 10.0) -> float:
