@@ -128,7 +128,13 @@ def test_options_the_format_cannot_honour_are_clear_errors(model, package, tmp_p
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the lent H200)")
 @pytest.mark.parametrize("half", [False, True])
 def test_gpu_package_validates_and_predicts_like_eager(tmp_path, half):
-    model = seeded_model("t", seed=0).to("cuda")
+    """The trained demo detector (scores spread like a real detector's): an untrained model's
+    hundreds of near-tied boxes at conf 0.25 flip in and out between any two numerics (the H200
+    run: 268 against 273 in fp32, and fp16 validation failed on tie swaps alone)."""
+    from libreyolo import SHAPES_IMAGE
+    from libreyolo.assets import DEMO_MODEL
+
+    model = LibreYOLO(DEMO_MODEL, device="cuda")
     report = model.export(format="aoti", imgsz=320, half=half, device="cuda", output=tmp_path / "g.pt2",
                           verbose=False)
     assert report.validation.status == "passed", report.validation.text()
@@ -137,6 +143,11 @@ def test_gpu_package_validates_and_predicts_like_eager(tmp_path, half):
     x = torch.rand(1, 3, 320, 320, device="cuda").to(art.dtype)
     plain = art._call(x)["predictions"]
     assert torch.equal(art._forward(x, cuda_graph=True)["predictions"], plain)  # declined, same call
-    r = art(SAMPLE_IMAGE, conf=0.25)
-    e = model(SAMPLE_IMAGE, imgsz=320, conf=0.25, half=half)
-    assert len(r) == len(e)
+    r = art(SHAPES_IMAGE, conf=0.25)
+    e = model(SHAPES_IMAGE, imgsz=320, conf=0.25, half=half)
+    assert len(r) == len(e) > 0
+    assert sorted(r.boxes.cls.tolist()) == sorted(e.boxes.cls.tolist())
+    from libreyolo.ops.boxes import box_iou
+
+    iou = box_iou(r.boxes.xyxy.float(), e.boxes.xyxy.float())
+    assert float(iou.max(1).values.min()) > 0.98

@@ -3,6 +3,9 @@
 The package says what it is (``extra/libreyolo_metadata.json``) and which device it was
 compiled for (``export_args.device``): it runs there, calls serialised by a lock.
 
+CUDA packages are loaded once in a child process first (:func:`probe_cuda_load`): the loader of
+torch 2.11 segfaulted on the H200 for CUDA packages, which would take the caller's process down.
+
 No CUDA graph: AOTInductor's default runner checks, on every call, with CUDA events whether a
 model instance is free, and event queries are illegal inside a stream capture ("operation not
 permitted when stream is capturing"; a failed capture also leaves the CUDA generator in capture
@@ -98,6 +101,52 @@ def _package_device(meta: dict[str, Any], where: str) -> torch.device:
     return dev
 
 
+PROBE_ENV = "LIBREYOLO_AOTI_PROBE"
+_PROBED: dict[tuple[str, int, int, int], None] = {}  # (path, size, mtime, device index) that loaded in a probe
+_PROBE_CODE = ("import sys, torch; torch.zeros(1, device=f'cuda:{sys.argv[2]}'); "
+               "torch._inductor.aoti_load_package(sys.argv[1], device_index=int(sys.argv[2]))")
+
+
+def probe_cuda_load(path: Path, index: int, timeout: float = 600.0) -> None:
+    """Load a CUDA package once in a child process before loading it here.
+
+    On the H200 with torch 2.11 (2026-12-01), AOTInductor's package loader died with a
+    segmentation fault while loading CUDA packages it had just compiled (its C++ loader, in
+    ``_load_aoti``; every package of several models, sizes and options, one exception), which kills
+    the whole Python process: a server, a notebook, a test session. The probe turns that into a
+    :class:`RuntimeUnavailableError` naming the signal. A package that loaded once in a probe is
+    not probed again in this process; ``LIBREYOLO_AOTI_PROBE=0`` skips the probe (a few seconds:
+    one more Python process importing torch)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    if os.environ.get(PROBE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, index)
+    if key in _PROBED:
+        return
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE_CODE, str(path), str(index)], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeUnavailableError(f"AOTInductor did not finish loading {path.name} within {timeout:.0f} s in a "
+                                      f"probe process; set {PROBE_ENV}=0 to load it here without the probe") from None
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        raise RuntimeUnavailableError(
+            f"AOTInductor crashed ({name}) loading {path.name} on cuda:{index} in a probe process, so it was not "
+            f"loaded here (it would have killed this process): torch {torch.__version__} cannot run this CUDA "
+            "package on this machine. Serve the checkpoint with cuda_graph=True, or export format=onnx or "
+            "tensorrt instead")
+    _PROBED[key] = None  # a Python-level failure is left to the real load below, which words it for the user
+
+
 def load(path: str | Path, device: str | torch.device | None = None, *, verify: bool = True,
          cuda_graph: bool | str = False, **kw: Any) -> AotiPredictor:
     """Open an AOTInductor ``.pt2`` package on the device it was compiled for.
@@ -131,6 +180,7 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
         if not torch.cuda.is_available():
             raise RuntimeUnavailableError(f"{path.name} was compiled for CUDA and this machine has no CUDA device")
         dev = torch.device("cuda", dev.index if dev.index is not None else (compiled_for.index or 0))
+        probe_cuda_load(path, dev.index)
     try:
         compiled = torch._inductor.aoti_load_package(str(path), device_index=dev.index if dev.index is not None
                                                      else -1)
