@@ -195,16 +195,9 @@ def loop_times(peer_python: str | None, peer: str, tiny: str, runs: str = LOOP, 
             torch.cuda.empty_cache()
     if peer_python and who in ("both", "reference"):
         script = str(Path(__file__).resolve().parent / "peer_train_steps.py")
-        proc = subprocess.run([peer_python, script, "--peer", peer, "--tiny", tiny, "--runs", runs,
-                               "--images", str(images), "--epochs", str(epochs), "--imgsz", str(imgsz),
-                               "--device", device, "--workers", str(workers)],
-                              capture_output=True, text=True, timeout=1500)
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                rows.append({"who": "reference", **json.loads(line)})
-                print(json.dumps(rows[-1]), flush=True)
-        if proc.returncode:
-            rows.append({"who": "reference", "error": proc.stderr[-1500:]})
+        rows += _reference_rows([peer_python, script, "--peer", peer, "--tiny", tiny, "--runs", runs,
+                                 "--images", str(images), "--epochs", str(epochs), "--imgsz", str(imgsz),
+                                 "--device", device, "--workers", str(workers)], timeout=1500)
     _loop_table(rows)
     return rows
 
@@ -238,13 +231,20 @@ def epoch_times(peer_python: str | None, peer_script: str | None, tiny: str) -> 
                      "wall_s": round(wall, 1), "epoch_s": epochs, "graph": s.get("graph")})
         print(json.dumps(rows[-1]), flush=True)
     if peer_python and peer_script:
-        proc = subprocess.run([peer_python, peer_script], capture_output=True, text=True, timeout=900)
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                rows.append({"who": "reference", **json.loads(line)})
-                print(json.dumps(rows[-1]), flush=True)
-        if proc.returncode:
-            rows.append({"who": "reference", "error": proc.stderr[-1500:]})
+        rows += _reference_rows([peer_python, peer_script], timeout=900)
+    return rows
+
+
+def _reference_rows(command: list[str], timeout: float) -> list[dict]:
+    """Run a reference-library script; its JSON lines become rows (``who: reference``), a failure one more."""
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    rows = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rows.append({"who": "reference", **json.loads(line)})
+            print(json.dumps(rows[-1]), flush=True)
+    if proc.returncode:
+        rows.append({"who": "reference", "error": proc.stderr[-1500:]})
     return rows
 
 
