@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch._inductor.utils
 
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
 
@@ -145,26 +144,8 @@ def read_build_info(path: str | Path) -> dict[str, Any]:
 
 
 # --- the compile ------------------------------------------------------------------------------
-def _private_cache(folder: Path | None) -> Any:
-    """Inductor and Triton caches of this compile alone (under ``folder``, removed with it), or no change.
-
-    CUDA packages compiled while other processes compiled into the shared default cache
-    (``/tmp/torchinductor_<user>``) segfaulted while loading on the H200 (torch 2.11), in every
-    run where compiles overlapped; a private cache keeps one export's kernels to itself."""
-    import contextlib
-
-    fresh = getattr(torch._inductor.utils, "fresh_cache", None) if folder is not None else None
-    if fresh is None:
-        return contextlib.nullcontext()
-    folder.mkdir(parents=True, exist_ok=True)
-    return fresh(dir=str(folder), delete=False)
-
-
-def compile_package(module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
-                    cache: Path | None = None) -> dict[str, Any]:
-    """Export ``module`` and compile it into a ``.pt2`` at ``path``; returns the build record.
-
-    ``cache``: a folder for a private Inductor cache (used for CUDA packages; see :func:`_private_cache`)."""
+def compile_package(module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions) -> dict[str, Any]:
+    """Export ``module`` and compile it into a ``.pt2`` at ``path``; returns the build record."""
     from libreyolo.engine.inference import fold_conv_bn
 
     folded = fold_conv_bn(module, example.dtype)
@@ -190,8 +171,7 @@ def compile_package(module: torch.nn.Module, example: torch.Tensor, path: Path, 
             raise ExportError(f"torch.export failed for the AOTInductor package: {type(exc).__name__}: {exc}") from exc
         exported = time.perf_counter()
         try:
-            with _private_cache(cache if opts.device.type == "cuda" else None):
-                torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
         except Exception as exc:
             raise ExportError(f"AOTInductor compilation failed: {type(exc).__name__}: {exc}") from exc
     done = time.perf_counter()
@@ -241,7 +221,7 @@ class AotiExporter(Exporter):
 
     def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
               work: Path) -> None:
-        compile_package(module, example, path, opts, cache=work / "inductor-cache")
+        compile_package(module, example, path, opts)
 
     def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
         rewrite(path, {METADATA_FILE: json.dumps(encoded, sort_keys=True).encode()})

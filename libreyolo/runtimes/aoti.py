@@ -112,7 +112,7 @@ def probe_cuda_load(path: Path, index: int, timeout: float = 600.0) -> None:
 
     On the H200 with torch 2.11 (2026-12-01), AOTInductor's package loader died with a
     segmentation fault while loading CUDA packages it had just compiled (its C++ loader, in
-    ``_load_aoti``; every package of several models, sizes and options, one exception), which kills
+    ``_load_aoti``; 7 of the 9 packages tried, over several models, sizes and options), which kills
     the whole Python process: a server, a notebook, a test session. The probe turns that into a
     :class:`RuntimeUnavailableError` naming the signal. A package that loaded once in a probe is
     not probed again in this process; ``LIBREYOLO_AOTI_PROBE=0`` skips the probe (a few seconds:
