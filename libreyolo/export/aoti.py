@@ -20,12 +20,17 @@ Shapes: the exported batch and imgsz; ``dynamic=True`` makes the batch dynamic (
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import subprocess
+import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +56,77 @@ def cxx_compiler() -> str | None:
         if name and shutil.which(name):
             return name
     return None
+
+
+def process_libstdcxx() -> str | None:
+    """Path of the libstdc++ shared library this process runs with (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.strip() else ""
+                if "/libstdc++.so" in path and os.path.isfile(path):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def static_libstdcxx_reason(cxx: str) -> str | None:
+    """Why ``cxx`` would link libstdc++ statically into a shared library, or None.
+
+    A compiler install that has only ``libstdc++.a`` (``cxx -print-file-name=libstdc++.so``
+    answers the bare name: the shared one is not on its search path) links a private copy of
+    libstdc++ into the package's wrapper library, and exports its symbols.
+    """
+    try:
+        found = subprocess.run([cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True,
+                               timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not found or os.path.isabs(found):
+        return None
+    return f"{cxx} finds no shared libstdc++ (-print-file-name=libstdc++.so gives {found!r}), only the static one"
+
+
+@contextlib.contextmanager
+def shared_libstdcxx(cxx: str | None = None) -> Iterator[str | None]:
+    """Compile with Inductor so that the package links the libstdc++ this process runs with.
+
+    Why: a wrapper library with a private static copy of libstdc++, loaded into a process that
+    runs the shared one (every PyTorch process), mixes the two copies' locale tables, and the
+    package loader dies with SIGSEGV inside ``std::regex`` (``parse_device_str``, while the
+    model container is built). Seen on the H200 image (GCC 13.3 under /opt/gcc without its
+    shared libstdc++, torch 2.11): every CUDA package crashed there, or most of them, depending
+    on the process's state.
+
+    Only when the compiler would link statically (:func:`static_libstdcxx_reason`): the compile
+    runs through a two-line wrapper script that adds ``-L`` a temporary folder holding
+    ``libstdc++.so`` -> this process's library (``-L`` folders come before the compiler's own).
+    Yields what was done (for the build record), or None when nothing was needed.
+    """
+    from torch._inductor import config
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    if cxx is None:
+        try:
+            cxx = get_cpp_compiler()
+        except Exception:  # no compiler: the compile itself reports it
+            yield None
+            return
+    reason = static_libstdcxx_reason(cxx)
+    lib = process_libstdcxx() if reason else None
+    if lib is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="libreyolo-cxx-") as tmp:
+        libdir = Path(tmp, "lib")
+        libdir.mkdir()
+        (libdir / "libstdc++.so").symlink_to(lib)
+        script = Path(tmp, "cxx")
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(cxx)} "$@" -L{shlex.quote(str(libdir))}\n')
+        script.chmod(0o755)
+        with config.patch({"cpp.cxx": (str(script),)}):
+            yield f"{reason}; linked against {lib} instead"
 
 
 # --- the archive ------------------------------------------------------------------------------
@@ -171,7 +247,8 @@ def compile_package(module: torch.nn.Module, example: torch.Tensor, path: Path, 
             raise ExportError(f"torch.export failed for the AOTInductor package: {type(exc).__name__}: {exc}") from exc
         exported = time.perf_counter()
         try:
-            torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+            with shared_libstdcxx() as libstdcxx:
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
         except Exception as exc:
             raise ExportError(f"AOTInductor compilation failed: {type(exc).__name__}: {exc}") from exc
     done = time.perf_counter()
@@ -180,6 +257,7 @@ def compile_package(module: torch.nn.Module, example: torch.Tensor, path: Path, 
     build = {
         "export_s": round(exported - start, 2), "compile_s": round(done - exported, 2),
         "inductor_configs": recorded, "conv_bn_folded": folded, "channels_last": channels_last,
+        "libstdcxx": libstdcxx or "as the compiler links it",
         "device": str(opts.device), "torch": torch.__version__,
         "inputs": {module.contract.input_name: _shape(example, {0} if opts.dynamic else set())},
         "outputs": {n: _shape(v, {0} if opts.dynamic else set()) for n, v in zip(names, outputs, strict=False)},
