@@ -81,9 +81,9 @@ def test_cuda_graph_request_runs_the_compiled_call_and_says_why(package, caplog)
         for _ in range(2):
             graphed = art(SAMPLE_IMAGE, conf=0.25, cuda_graph=True)
             assert torch.equal(graphed.boxes.xyxy, plain.boxes.xyxy)
-    assert sum("not captured in a CUDA graph" in r.message for r in caplog.records) == 1  # once per model
+    assert sum("CUDA graphs apply to CUDA packages" in r.message for r in caplog.records) == 1  # once per model
     info = art.graph_info()
-    assert info["supported"] is False and info["captures"] == 0 and "stream capture" in info["reason"]
+    assert info["supported"] is False and info["captures"] == 0 and "runs on the CPU" in info["reason"]
 
 
 def test_a_changed_package_or_metadata_is_refused(package, tmp_path):
@@ -142,8 +142,14 @@ def test_gpu_package_validates_and_predicts_like_eager(tmp_path, half):
     assert art.device.type == "cuda"
     x = torch.rand(1, 3, 320, 320, device="cuda").to(art.dtype)
     plain = art._call(x)["predictions"]
-    assert torch.equal(art._forward(x, cuda_graph=True)["predictions"], plain)  # declined, same call
+    for _ in range(2):  # capture, then replay: the same kernels on the same input
+        assert torch.equal(art._forward(x, cuda_graph=True)["predictions"], plain)
     r = art(SHAPES_IMAGE, conf=0.25)
+    for _ in range(2):  # the whole pipeline (compiled forward, decoding, NMS) as one graph
+        g = art(SHAPES_IMAGE, conf=0.25, cuda_graph=True)
+        assert torch.equal(g.boxes.xyxy, r.boxes.xyxy) and torch.equal(g.boxes.cls, r.boxes.cls)
+    info = art.graph_info()
+    assert info["supported"] and info["pipeline"]["active"] and info["captures"] == 2, info
     e = model(SHAPES_IMAGE, imgsz=320, conf=0.25, half=half)
     assert len(r) == len(e) > 0
     assert sorted(r.boxes.cls.tolist()) == sorted(e.boxes.cls.tolist())

@@ -10,16 +10,16 @@ from torch import nn
 
 from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
+from libreyolo.engine.pipeline import PipelineGraphs
 from libreyolo.engine.predictor import Predictor
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
-from libreyolo.utils.log import LOGGER
 
 _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
 _GRAPHS = "graphs"  # the name a copy's GraphRunner is attached under (docs/inference.md)
 
 
-class Model(Predictor):
+class Model(PipelineGraphs, Predictor):
     """An eager model. Build with :func:`libreyolo.LibreYOLO`."""
 
     def __init__(self, family: Family, size: str, *, nc: int, names: dict[int, str], imgsz: int,
@@ -202,78 +202,24 @@ class Model(Predictor):
         self._require_graph_support()
         return self._graph_forward(batch, cuda_graph)
 
-    def _require_graph_support(self) -> None:
-        if not self.family.SUPPORTS_CUDA_GRAPH:
-            from libreyolo.graphs import GraphNotSupportedError
-
-            raise GraphNotSupportedError(
-                f"CUDA graphs are not enabled for family {self.family.name!r}: it has not passed the graph "
-                "parity check (python -m libreyolo.graphs.parity), and replaying an unverified forward could "
-                "return wrong numbers without any warning. Use cuda_graph=False."
-            )
-
     def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
         """Graph replay without the family check (the parity harness uses it to verify a family)."""
         runner = self._graph_runner(self._copies().get(batch.device, batch.dtype))
         with torch.inference_mode():
             return runner(batch, mode)
 
-    # --- the whole-pipeline graph: forward + decoding + candidates + NMS (docs/graphs.md) ----------
-    def _infer(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str, **post: Any) -> list:
-        """With ``cuda_graph`` and a family verified for it, one graph replay from the batch to padded
-        detections, read back once; otherwise the forward (graphed or not) and eager postprocessing."""
-        if cuda_graph and self.pipeline_unavailable(batch.device) is None:
-            from libreyolo.graphs import GraphCaptureError
-
-            self._require_graph_support()
-            try:
-                padded = self._pipeline_forward(batch, metas, cuda_graph, **post)
-            except GraphCaptureError as exc:  # recorded in graph_info()["failures"]; the forward graph still serves
-                LOGGER.warning("whole-pipeline CUDA graph unavailable for this input (%s); graphing the network "
-                               "forward only", exc)
-            else:
-                clock.mark()
-                return self.family.device_postprocess().read(padded)
-        return super()._infer(batch, metas, clock, cuda_graph=cuda_graph, **post)
-
-    def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
-        """None if ``predict(cuda_graph=...)`` on ``device`` runs the whole pipeline as one graph, else why
-        it graphs the network forward only (``graph_info()["pipeline"]`` reports the same)."""
-        family = self.family
-        if not family.SUPPORTS_PIPELINE_GRAPH or family.device_postprocess() is None:
-            return (f"family {family.name!r} has not passed the whole-pipeline parity check "
-                    "(SUPPORTS_PIPELINE_GRAPH is False): its network forward is graphed, postprocessing runs eagerly")
-        from libreyolo.graphs import CudaGraphBackend
-
-        backend = self.__dict__.get("_graph_backend") or CudaGraphBackend()
-        if not getattr(backend, "real", True):
-            return None  # an emulated backend replays by calling: any postprocessing is fine there
-        why = family.device_postprocess().capture_safe(self.device if device is None else device)
-        return None if why is None else f"{why}; the network forward is graphed, postprocessing runs eagerly"
-
-    def _pipeline_program(self, module: nn.Module, max_det: int, max_nms: int):
-        from libreyolo.graphs import GraphProgram
-
-        family, post = self.family, self.family.device_postprocess()
-
-        def pipeline(x: torch.Tensor, params: torch.Tensor) -> dict[str, torch.Tensor]:
-            return post(family.named_outputs(module(x)), params, max_det=max_det, max_nms=max_nms)
-
-        return GraphProgram("pipeline", pipeline, (("max_det", max_det), ("max_nms", max_nms)))
-
-    def _pipeline_forward(self, batch: torch.Tensor, metas: list, mode: bool | str, *, conf: float, iou: float,
-                          max_det: int, classes: list[int] | None = None,
-                          max_nms: int | None = None) -> dict[str, torch.Tensor]:
-        """Padded detections from the whole-pipeline graph (no family check: the parity harness uses it)."""
-        from libreyolo.ops.postprocess import DEFAULT_MAX_NMS
-
+    # --- the whole-pipeline graph: forward + decoding + candidates + NMS (libreyolo.engine.pipeline) ---
+    def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
         copy = self._copies().get(batch.device, batch.dtype)
-        runner = self._graph_runner(copy)
-        post = self.family.device_postprocess()
-        params = post.params(metas, conf=conf, iou=iou, nc=self.nc, classes=classes, device=batch.device)
-        program = self._pipeline_program(copy.module, max_det, max_nms or DEFAULT_MAX_NMS)
-        with torch.inference_mode():
-            return runner((batch, params), mode, program)
+        return self._graph_runner(copy), self._network(copy.module)
+
+    def _network(self, module: nn.Module):
+        family = self.family
+
+        def network(x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return family.named_outputs(module(x))
+
+        return network
 
     def _graph_runner(self, copy: InferenceCopy | None = None):
         """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
@@ -284,12 +230,7 @@ class Model(Predictor):
     def _new_graph_runner(self, module: nn.Module):
         from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
 
-        family = self.family
-
-        def network(x: torch.Tensor) -> dict[str, torch.Tensor]:
-            return family.named_outputs(module(x))
-
-        return GraphRunner(module, network, backend=self.__dict__.get("_graph_backend"),
+        return GraphRunner(module, self._network(module), backend=self.__dict__.get("_graph_backend"),
                            max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
 
     def _graph_runners(self) -> list:
@@ -328,10 +269,7 @@ class Model(Predictor):
         if dtype is not None and dtype not in (torch.float32, torch.float16):
             raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
         dtype = self._default_dtype() if dtype is None else dtype
-        from libreyolo.graphs import CudaGraphBackend
-
-        backend = self.__dict__.get("_graph_backend") or CudaGraphBackend()
-        why_not = backend.unavailable(self.device)
+        why_not = self._active_graph_backend().unavailable(self.device)
         if why_not is not None:
             raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
         self._call_settings(None, dtype == torch.float16)
@@ -347,7 +285,7 @@ class Model(Predictor):
             metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
             params = self.family.device_postprocess().params(metas, conf=0.25, iou=0.45, nc=self.nc, classes=None,
                                                              device=self.device)
-            program = self._pipeline_program(runner.module, max_det, max_nms)
+            program = self._pipeline_program(self._network(runner.module), max_det, max_nms)
             with torch.inference_mode():
                 return runner.capture((x, params), program)
         with torch.inference_mode():

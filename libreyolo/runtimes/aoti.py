@@ -6,12 +6,13 @@ compiled for (``export_args.device``): it runs there, calls serialised by a lock
 CUDA packages are loaded once in a child process first (:func:`probe_cuda_load`): the loader of
 torch 2.11 segfaulted on the H200 for CUDA packages, which would take the caller's process down.
 
-No CUDA graph: AOTInductor's default runner checks, on every call, with CUDA events whether a
-model instance is free, and event queries are illegal inside a stream capture ("operation not
-permitted when stream is capturing"; a failed capture also leaves the CUDA generator in capture
-state). Its single-threaded mode, which drops that check, crashes while loading the package with
-torch 2.11 (H200, 2026-12-01). So ``predict(cuda_graph=True)`` on a package logs one line and
-runs the compiled call; the compiled program already fuses the network into far fewer kernels.
+CUDA graphs: a CUDA package is loaded in AOTInductor's single-threaded mode. Its default runner
+checks, on every call, with CUDA events whether a model instance is free, and event queries are
+illegal inside a stream capture; the single-threaded runner drops that check (calls here are
+serialised by a lock anyway), so ``predict(cuda_graph=True)`` captures the compiled forward and,
+where the family allows it, the whole pipeline (decoding, candidates, NMS) into one graph, through
+the same :class:`~libreyolo.engine.pipeline.PipelineGraphs` as the eager model. CPU packages run
+the compiled call (``cuda_graph=True`` logs one line).
 
 Verification (``verify=True``, the default): the package bytes and the metadata are checked
 against the hashes stored at export, and the metadata against the graph's recorded shapes.
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from libreyolo.engine.pipeline import PipelineGraphs
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.export.aoti import pt2_content_sha256, read_build_info, read_metadata_strings
 from libreyolo.export.metadata import check_integrity, decode
@@ -38,21 +40,24 @@ from libreyolo.utils.checks import parse_bool, resolve_device
 from libreyolo.utils.log import LOGGER
 
 GRAPH_MODES = (False, True, "auto")
-NO_GRAPH_REASON = ("an AOTInductor package is not captured in a CUDA graph: its runner queries CUDA events on every "
-                   "call, which a stream capture forbids (see libreyolo.runtimes.aoti); running the compiled call")
+NO_GRAPH_REASON = ("CUDA graphs apply to CUDA packages; this AOTInductor package runs on the CPU: running the compiled "
+                   "call")
 
 
-class AotiPredictor(ArtifactPredictor):
+class AotiPredictor(PipelineGraphs, ArtifactPredictor):
     format = "aoti"
 
     def __init__(self, path: Path, meta: dict[str, Any], compiled: Any, device: torch.device,
-                 build: dict[str, Any]) -> None:
+                 build: dict[str, Any], *, graphable: bool = False) -> None:
         super().__init__(path, meta)
         self.compiled = compiled
         self._device = device
         self.build = build
         self._call_lock = threading.Lock()  # one call at a time through the compiled runner
         self._told = False
+        self._graphable = graphable  # loaded single-threaded on CUDA: a stream capture can hold a call
+        self._runner: Any = None
+        self._runner_lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
@@ -63,10 +68,38 @@ class AotiPredictor(ArtifactPredictor):
 
     # --- the call ----------------------------------------------------------------------------
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
+        if cuda_graph and self._graphable:
+            self._require_graph_support()
+            with torch.inference_mode():
+                return self._graph_runner()(batch, cuda_graph)
         if cuda_graph and not self._told:
             self._told = True
             LOGGER.info(NO_GRAPH_REASON)
-        return super()._forward(batch)
+        return self._network(batch)
+
+    def _network(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The compiled forward with the shared shape handling (what a graph captures)."""
+        return ArtifactPredictor._forward(self, batch)
+
+    # --- CUDA graphs (libreyolo.engine.pipeline) -------------------------------------------------
+    def _graph_runner(self):
+        from torch import nn
+
+        from libreyolo.graphs import GraphRunner
+
+        with self._runner_lock:
+            if self._runner is None:  # a package has no weights to watch: an empty module stands for it
+                self._runner = GraphRunner(nn.Module(), self._network,
+                                           backend=self.__dict__.get("_graph_backend"))
+            return self._runner
+
+    def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
+        return self._graph_runner(), self._network
+
+    def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
+        if not self._graphable:
+            return NO_GRAPH_REASON
+        return super().pipeline_unavailable(device)
 
     def _call(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
         with self._call_lock:
@@ -79,12 +112,20 @@ class AotiPredictor(ArtifactPredictor):
         return [named[n] for n in self.output_names]
 
     def graph_info(self) -> dict[str, Any]:
-        """Schema of ``Model.graph_info()``: never supported for a package (see the module docstring)."""
-        return {"family": self.family.name, "supported": False, "reason": NO_GRAPH_REASON, "captures": 0,
-                "graphs": []}
+        """Schema of ``Model.graph_info()`` (docs/graphs.md); a CPU package says why it has none."""
+        if not self._graphable:
+            return {"family": self.family.name, "supported": False, "reason": NO_GRAPH_REASON, "captures": 0,
+                    "graphs": []}
+        why = self.pipeline_unavailable()
+        info: dict[str, Any] = {"family": self.family.name, "supported": bool(self.family.SUPPORTS_CUDA_GRAPH),
+                                "pipeline": {"supported": bool(self.family.SUPPORTS_PIPELINE_GRAPH),
+                                             "active": why is None, "reason": why}}
+        info.update(self._graph_runner().info())
+        return info
 
     def release_graphs(self) -> None:
-        pass
+        if self._runner is not None:
+            self._runner.release()
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "compile_s": self.build.get("compile_s")}
@@ -104,16 +145,20 @@ def _package_device(meta: dict[str, Any], where: str) -> torch.device:
 PROBE_ENV = "LIBREYOLO_AOTI_PROBE"
 _PROBED: dict[tuple[str, int, int, int], None] = {}  # (path, size, mtime, device index) that loaded in a probe
 _PROBE_CODE = ("import sys, torch; torch.zeros(1, device=f'cuda:{sys.argv[2]}'); "
-               "torch._inductor.aoti_load_package(sys.argv[1], device_index=int(sys.argv[2]))")
+               "torch._inductor.aoti_load_package(sys.argv[1], device_index=int(sys.argv[2]), "
+               "run_single_threaded=True)")
 
 
 def probe_cuda_load(path: Path, index: int, timeout: float = 600.0) -> None:
     """Load a CUDA package once in a child process before loading it here.
 
     On the H200 with torch 2.11 (2026-12-01), AOTInductor's package loader died with a
-    segmentation fault while loading CUDA packages it had just compiled (its C++ loader, in
-    ``_load_aoti``; 7 of the 9 packages tried, over several models, sizes and options), which kills
-    the whole Python process: a server, a notebook, a test session. The probe turns that into a
+    segmentation fault while loading CUDA packages it had just compiled, which kills the whole
+    Python process: a server, a notebook, a test session. The cause was the compiler there: it
+    linked a private static copy of libstdc++ into the package, whose locale tables clash with
+    the process's shared libstdc++ inside ``std::regex``; exports now link the shared one
+    (:func:`libreyolo.export.aoti.shared_libstdcxx`), but a package built elsewhere may still
+    carry a static copy. The probe turns such a crash into a
     :class:`RuntimeUnavailableError` naming the signal. A package that loaded once in a probe is
     not probed again in this process; ``LIBREYOLO_AOTI_PROBE=0`` skips the probe (a few seconds:
     one more Python process importing torch)."""
@@ -152,8 +197,8 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
     """Open an AOTInductor ``.pt2`` package on the device it was compiled for.
 
     ``device``: None, or the same device type as the package (a CUDA package may name another
-    GPU index). ``cuda_graph``: accepted (False, True or "auto") like other models'; a package
-    is never captured (module docstring).
+    GPU index). ``cuda_graph``: accepted (False, True or "auto") like other models'; a CUDA
+    package is loaded so that a graph can capture it (module docstring).
     """
     if kw:
         raise TypeError(f"unexpected arguments for an AOTInductor model: {sorted(kw)}")
@@ -181,11 +226,14 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
             raise RuntimeUnavailableError(f"{path.name} was compiled for CUDA and this machine has no CUDA device")
         dev = torch.device("cuda", dev.index if dev.index is not None else (compiled_for.index or 0))
         probe_cuda_load(path, dev.index)
+    index = dev.index if dev.index is not None else -1
     try:
-        compiled = torch._inductor.aoti_load_package(str(path), device_index=dev.index if dev.index is not None
-                                                     else -1)
+        if dev.type == "cuda":
+            compiled = torch._inductor.aoti_load_package(str(path), device_index=index, run_single_threaded=True)
+        else:
+            compiled = torch._inductor.aoti_load_package(str(path), device_index=index)
     except Exception as exc:  # noqa: BLE001 - a package this torch cannot load is a file problem for the user
         raise CheckpointError(f"AOTInductor cannot load {path} ({type(exc).__name__}: {exc}); it was compiled "
                               f"with torch {build.get('torch', '?')}, this is torch {torch.__version__}: "
                               "re-export it with this version") from None
-    return AotiPredictor(path, meta, compiled, dev, build)
+    return AotiPredictor(path, meta, compiled, dev, build, graphable=dev.type == "cuda")

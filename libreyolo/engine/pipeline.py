@@ -1,0 +1,95 @@
+"""The whole-pipeline CUDA graph: letterboxed batch in, padded detections out, read back once.
+
+Shared by everything ``predict(cuda_graph=...)`` can replay: the eager model (its inference
+copy's module) and compiled packages (AOTInductor). A predictor mixes in :class:`PipelineGraphs`
+and names, for a batch, the :class:`~libreyolo.graphs.GraphRunner` that holds its graphs and the
+network as a callable (``batch -> {output name: tensor}``): :meth:`PipelineGraphs._graph_target`.
+The graph holds that network, the family's device postprocessing (decoding, candidate
+selection, NMS) and nothing else; a family opts in with ``SUPPORTS_PIPELINE_GRAPH`` once the
+parity harness proved it equal to the eager pipeline (docs/graphs.md).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from libreyolo.utils.log import LOGGER
+
+Network = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+class PipelineGraphs:
+    """``_infer`` as one graph replay where the family and device allow it (a mixin of :class:`Predictor`)."""
+
+    def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Network]:
+        """(graph runner, network callable) for ``batch``'s device and dtype."""
+        raise NotImplementedError
+
+    def _active_graph_backend(self) -> Any:
+        from libreyolo.graphs import CudaGraphBackend
+
+        return self.__dict__.get("_graph_backend") or CudaGraphBackend()
+
+    def _require_graph_support(self) -> None:
+        if not self.family.SUPPORTS_CUDA_GRAPH:
+            from libreyolo.graphs import GraphNotSupportedError
+
+            raise GraphNotSupportedError(
+                f"CUDA graphs are not enabled for family {self.family.name!r}: it has not passed the graph "
+                "parity check (python -m libreyolo.graphs.parity), and replaying an unverified forward could "
+                "return wrong numbers without any warning. Use cuda_graph=False."
+            )
+
+    def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
+        """None if ``predict(cuda_graph=...)`` on ``device`` runs the whole pipeline as one graph, else why
+        it graphs the network forward only (``graph_info()["pipeline"]`` reports the same)."""
+        family = self.family
+        if not family.SUPPORTS_PIPELINE_GRAPH or family.device_postprocess() is None:
+            return (f"family {family.name!r} has not passed the whole-pipeline parity check "
+                    "(SUPPORTS_PIPELINE_GRAPH is False): its network forward is graphed, postprocessing runs eagerly")
+        if not getattr(self._active_graph_backend(), "real", True):
+            return None  # an emulated backend replays by calling: any postprocessing is fine there
+        why = family.device_postprocess().capture_safe(self.device if device is None else device)
+        return None if why is None else f"{why}; the network forward is graphed, postprocessing runs eagerly"
+
+    def _pipeline_program(self, network: Network, max_det: int, max_nms: int):
+        from libreyolo.graphs import GraphProgram
+
+        post = self.family.device_postprocess()
+
+        def pipeline(x: torch.Tensor, params: torch.Tensor) -> dict[str, torch.Tensor]:
+            return post(network(x), params, max_det=max_det, max_nms=max_nms)
+
+        return GraphProgram("pipeline", pipeline, (("max_det", max_det), ("max_nms", max_nms)))
+
+    def _pipeline_forward(self, batch: torch.Tensor, metas: list, mode: bool | str, *, conf: float, iou: float,
+                          max_det: int, classes: list[int] | None = None,
+                          max_nms: int | None = None) -> dict[str, torch.Tensor]:
+        """Padded detections from the whole-pipeline graph (no family check: the parity harness uses it)."""
+        from libreyolo.ops.postprocess import DEFAULT_MAX_NMS
+
+        runner, network = self._graph_target(batch)
+        post = self.family.device_postprocess()
+        params = post.params(metas, conf=conf, iou=iou, nc=self.nc, classes=classes, device=batch.device)
+        program = self._pipeline_program(network, max_det, max_nms or DEFAULT_MAX_NMS)
+        with torch.inference_mode():
+            return runner((batch, params), mode, program)
+
+    def _infer(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str, **post: Any) -> list:
+        """With ``cuda_graph`` and a family verified for it, one graph replay from the batch to padded
+        detections, read back once; otherwise the forward (graphed or not) and eager postprocessing."""
+        if cuda_graph and self.pipeline_unavailable(batch.device) is None:
+            from libreyolo.graphs import GraphCaptureError
+
+            self._require_graph_support()
+            try:
+                padded = self._pipeline_forward(batch, metas, cuda_graph, **post)
+            except GraphCaptureError as exc:  # recorded in graph_info()["failures"]; the forward graph still serves
+                LOGGER.warning("whole-pipeline CUDA graph unavailable for this input (%s); graphing the network "
+                               "forward only", exc)
+            else:
+                clock.mark()
+                return self.family.device_postprocess().read(padded)
+        return super()._infer(batch, metas, clock, cuda_graph=cuda_graph, **post)
