@@ -110,48 +110,64 @@ class Letterbox:
         Returns the (B, 3, size, size) batch as the network takes it (``channels`` order, pixels
         divided by ``divisor``: [0, 1] by default) and one meta per image. ``out`` may be
         a preallocated batch tensor of the right shape (e.g. a CUDA graph's static input).
+
+        Consecutive images of the same size and dtype (a video's frames, a batch of one camera)
+        are placed together: one resize and one set of fills for the run, the same numbers as
+        one image at a time (every output pixel is computed on its own).
         """
         device = images[0].device
         n = len(images)
         if out is None:
             out = torch.empty((n, 3, self.size, self.size), device=device, dtype=dtype)
-        pad = self.pad_value / self.divisor
         metas = []
-        for i, img in enumerate(images):
-            h, w = int(img.shape[-2]), int(img.shape[-1])
+        start = 0
+        while start < n:
+            first = images[start]
+            stop = start + 1
+            while stop < n and images[stop].shape == first.shape and images[stop].dtype == first.dtype:
+                stop += 1
+            h, w = int(first.shape[-2]), int(first.shape[-1])
             ratio, new_h, new_w, top, left = self.geometry(h, w)
-            canvas = out[i]
-            # grey only where the image does not go: each pixel is written once
-            canvas[:, :top].fill_(pad)
-            canvas[:, top + new_h:].fill_(pad)
-            canvas[:, top:top + new_h, :left].fill_(pad)
-            canvas[:, top:top + new_h, left + new_w:].fill_(pad)
-            region = canvas[:, top:top + new_h, left:left + new_w]
-            integer = not img.is_floating_point()
-            if self.resize != "bilinear" and not integer:  # 8-bit methods resize 8-bit images
-                img = img.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
-                integer = True
-            if self.channels == "BGR":
-                img = img.flip(0)
-            to_input = 255.0 / self.divisor  # a float source in [0, 1] -> network input
-            if (new_h, new_w) != (h, w) and self.resize != "bilinear":
-                from libreyolo.ops.stretch import resize_u8
-
-                region.copy_(resize_u8(img, new_h, new_w, self.resize))
-                if self.divisor != 1.0:
-                    region.div_(self.divisor)
-            elif (new_h, new_w) != (h, w):
-                x = F.interpolate(img.unsqueeze(0).float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
-                # an 8-bit source gives an 8-bit resize (whole grey levels), as OpenCV does
-                x = x.round_().clamp_(0, 255).div_(self.divisor) if integer else x.clamp_(0, 1)
-                if not integer and to_input != 1.0:
-                    x.mul_(to_input)
-                region.copy_(x[0])
-            else:
-                region.copy_(img)
-                if integer and self.divisor != 1.0:
-                    region.div_(self.divisor)
-                elif not integer and to_input != 1.0:
-                    region.mul_(to_input)
-            metas.append(LetterboxMeta((h, w), ratio, (float(left), float(top))))
+            run = first.unsqueeze(0) if stop == start + 1 else torch.stack(images[start:stop])
+            self._place(out[start:stop], run, new_h, new_w, top, left)
+            metas += [LetterboxMeta((h, w), ratio, (float(left), float(top)))] * (stop - start)
+            start = stop
         return out, metas
+
+    def _place(self, canvas: torch.Tensor, imgs: torch.Tensor, new_h: int, new_w: int, top: int, left: int) -> None:
+        """Resize ``imgs`` (k, C, h, w) into ``canvas`` (k, 3, size, size) at (top, left); pad the rest."""
+        h, w = int(imgs.shape[-2]), int(imgs.shape[-1])
+        pad = self.pad_value / self.divisor
+        # grey only where the image does not go: each pixel is written once
+        canvas[:, :, :top].fill_(pad)
+        canvas[:, :, top + new_h:].fill_(pad)
+        canvas[:, :, top:top + new_h, :left].fill_(pad)
+        canvas[:, :, top:top + new_h, left + new_w:].fill_(pad)
+        region = canvas[:, :, top:top + new_h, left:left + new_w]
+        integer = not imgs.is_floating_point()
+        if self.resize != "bilinear" and not integer:  # 8-bit methods resize 8-bit images
+            imgs = imgs.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+            integer = True
+        if self.channels == "BGR":
+            imgs = imgs.flip(1)
+        to_input = 255.0 / self.divisor  # a float source in [0, 1] -> network input
+        if (new_h, new_w) != (h, w) and self.resize != "bilinear":
+            from libreyolo.ops.stretch import resize_u8
+
+            for i in range(imgs.shape[0]):
+                region[i].copy_(resize_u8(imgs[i], new_h, new_w, self.resize))
+            if self.divisor != 1.0:
+                region.div_(self.divisor)
+        elif (new_h, new_w) != (h, w):
+            x = F.interpolate(imgs.float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
+            # an 8-bit source gives an 8-bit resize (whole grey levels), as OpenCV does
+            x = x.round_().clamp_(0, 255).div_(self.divisor) if integer else x.clamp_(0, 1)
+            if not integer and to_input != 1.0:
+                x.mul_(to_input)
+            region.copy_(x)
+        else:
+            region.copy_(imgs)
+            if integer and self.divisor != 1.0:
+                region.div_(self.divisor)
+            elif not integer and to_input != 1.0:
+                region.mul_(to_input)

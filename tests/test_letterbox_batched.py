@@ -1,0 +1,43 @@
+"""A run of same-sized images is letterboxed in one go, with the numbers of one image at a time."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from libreyolo.ops.letterbox import Letterbox
+
+
+def one_at_a_time(lb: Letterbox, images: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
+    parts = [lb([img]) for img in images]
+    return torch.cat([p[0] for p in parts]), [m for p in parts for m in p[1]]
+
+
+@pytest.mark.parametrize("lb", [
+    Letterbox(96),
+    Letterbox(96, placement="center", channels="BGR", divisor=1.0),
+    Letterbox(96, resize="pil-bilinear", size_rounding="floor"),
+    Letterbox(96, resize="opencv-linear", placement="center"),
+], ids=["bilinear", "center-bgr-raw", "pil", "opencv"])
+@pytest.mark.parametrize("integer", [True, False], ids=["uint8", "float"])
+def test_runs_of_same_sized_images_equal_one_image_at_a_time(lb, integer):
+    g = torch.Generator().manual_seed(0)
+
+    def img(h, w):
+        x = torch.rand(3, h, w, generator=g)
+        return (x * 255).round().to(torch.uint8) if integer else x
+
+    # runs of equal sizes, a lone image between them, a same-size run that is not adjacent, and one already 96x96
+    images = [img(50, 80)] * 1 + [img(50, 80), img(50, 80), img(120, 40), img(50, 80), img(96, 96), img(96, 96)]
+    batched, metas = lb(images)
+    single, single_metas = one_at_a_time(lb, images)
+    assert torch.equal(batched, single)
+    assert metas == single_metas
+
+
+def test_a_preallocated_output_is_filled_in_place():
+    lb = Letterbox(64)
+    images = [torch.randint(0, 256, (3, 30, 60), dtype=torch.uint8) for _ in range(3)]
+    out = torch.full((3, 3, 64, 64), -1.0)
+    got, _ = lb(images, out=out)
+    assert got.data_ptr() == out.data_ptr() and not (out == -1).any()
+    assert torch.equal(out, one_at_a_time(lb, images)[0])
