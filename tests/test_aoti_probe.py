@@ -22,6 +22,22 @@ def test_a_loader_killed_by_a_signal_is_a_clear_error(package, monkeypatch):
     assert not aoti._PROBED
 
 
+def test_a_crash_names_a_static_libstdcxx_copy_when_the_package_carries_one(tmp_path, monkeypatch):
+    """The H200 crash's cause: a wrapper library linked without the shared libstdc++."""
+    import zipfile
+
+    monkeypatch.setattr(aoti, "_PROBE_CODE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setattr(aoti, "_PROBED", {})
+    for name, needs_shared in (("static.pt2", False), ("shared.pt2", True)):
+        pkg = tmp_path / name
+        with zipfile.ZipFile(pkg, "w") as z:  # an ELF dynamic string table names the libraries it needs
+            z.writestr("m/data/aotinductor/model/x.wrapper.so",
+                       b"\x7fELF...libc.so.6\x00" + (b"libstdc++.so.6\x00" if needs_shared else b""))
+        with pytest.raises(RuntimeUnavailableError) as err:
+            aoti.probe_cuda_load(pkg, 0)
+        assert ("static copy of libstdc++" in str(err.value)) is not needs_shared
+
+
 def test_a_package_that_loads_is_probed_once_and_the_probe_can_be_turned_off(package, monkeypatch, tmp_path):
     marker = tmp_path / "runs"
     monkeypatch.setattr(aoti, "_PROBE_CODE", f"open({str(marker)!r}, 'a').write('x')")

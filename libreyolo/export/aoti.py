@@ -129,6 +129,24 @@ def shared_libstdcxx(cxx: str | None = None) -> Iterator[str | None]:
             yield f"{reason}; linked against {lib} instead"
 
 
+def carries_static_libstdcxx(path: str | Path) -> bool | None:
+    """Whether the package's wrapper library was linked without the shared libstdc++ (so it carries
+    a static copy: see :func:`shared_libstdcxx`); None if the archive holds no library or cannot be read.
+
+    Read from the library's bytes: a library that loads the shared libstdc++ names
+    ``libstdc++.so.6`` among the libraries it needs."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            libs = [n for n in z.namelist() if n.endswith(".so")]
+            if not libs:
+                return None
+            return not any(b"libstdc++.so.6" in z.read(n) for n in libs)
+    except (OSError, zipfile.BadZipFile):
+        return None
+
+
 # --- the archive ------------------------------------------------------------------------------
 def _open(path: Path) -> Any:
     """A PT2 archive reader, or a CheckpointError when ``path`` is not a PT2 package."""

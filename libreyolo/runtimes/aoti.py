@@ -184,11 +184,16 @@ def probe_cuda_load(path: Path, index: int, timeout: float = 600.0) -> None:
             name = signal.Signals(-proc.returncode).name
         except ValueError:
             name = f"signal {-proc.returncode}"
+        from libreyolo.export.aoti import carries_static_libstdcxx
+
+        cause = ("Its wrapper library carries a static copy of libstdc++ (it was compiled where the C++ compiler "
+                 "found only libstdc++.a), which clashes with this process's shared libstdc++: re-export it with "
+                 "this LibreYOLO version, which links the shared one. " if carries_static_libstdcxx(path) else "")
         raise RuntimeUnavailableError(
             f"AOTInductor crashed ({name}) loading {path.name} on cuda:{index} in a probe process, so it was not "
             f"loaded here (it would have killed this process): torch {torch.__version__} cannot run this CUDA "
-            "package on this machine. Serve the checkpoint with cuda_graph=True, or export format=onnx or "
-            "tensorrt instead")
+            f"package on this machine. {cause}Serve the checkpoint with cuda_graph=True, or export format=onnx "
+            "or tensorrt instead")
     _PROBED[key] = None  # a Python-level failure is left to the real load below, which words it for the user
 
 
