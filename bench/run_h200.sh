@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The recorded H200 session: GPU tests, graph parity matrix, serving/attention/DETR benchmarks.
-# Usage (on the GPU machine, repo root, .peer = unpacked reference wheel): bash bench/run_h200.sh tests|bench|serving OUTDIR
+# Usage (on the GPU machine, repo root, .peer = unpacked reference wheel):
+#   bash bench/run_h200.sh tests|bench|serving|serving-aoti OUTDIR
+# serving-aoti: the AOTInductor rows of the dense and spread workloads (4 packages; no reference,
+# whose rows are in the full serving run), which do not fit in one 10-minute call with the rest.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -22,4 +25,10 @@ if [ "$phase" = serving ]; then
   timeout 480 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 ${SERVING_ARGS:-} \
     --json "$out/$day-serving-h200.json" > "$out/$day-serving-h200.log" 2>&1
   echo "serving rc=$?"; tail -75 "$out/$day-serving-h200.log"
+fi
+if [ "$phase" = serving-aoti ]; then
+  timeout 560 python bench/serving_bench.py --shared .gpushared --n 30 --warmup 5 --no-families \
+    --workloads dense spread spread-0.001 --aoti-weights dense spread \
+    --json "$out/$day-serving-aoti-h200.json" > "$out/$day-serving-aoti-h200.log" 2>&1
+  echo "serving-aoti rc=$?"; tail -40 "$out/$day-serving-aoti-h200.log"
 fi
