@@ -297,10 +297,7 @@ class Model(PipelineGraphs, Predictor):
         Graphs of every inference copy (device and precision) are listed; the counters include
         graphs dropped with copies that were retired because the weights changed.
         """
-        info: dict[str, Any] = {"family": self.family.name, "supported": bool(self.family.SUPPORTS_CUDA_GRAPH)}
-        why = self.pipeline_unavailable()
-        info["pipeline"] = {"supported": bool(self.family.SUPPORTS_PIPELINE_GRAPH), "active": why is None,
-                            "reason": why}
+        info = self._graph_info_head()
         runners = self._graph_runners() or [self._graph_runner()]
         infos = [r.info() for r in runners]
         merged = dict(infos[0])

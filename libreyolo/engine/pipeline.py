@@ -54,6 +54,13 @@ class PipelineGraphs:
         why = family.device_postprocess().capture_safe(self.device if device is None else device)
         return None if why is None else f"{why}; the network forward is graphed, postprocessing runs eagerly"
 
+    def _graph_info_head(self) -> dict[str, Any]:
+        """The leading keys of ``graph_info()`` (docs/graphs.md): family, support and the pipeline's state."""
+        why = self.pipeline_unavailable()
+        return {"family": self.family.name, "supported": bool(self.family.SUPPORTS_CUDA_GRAPH),
+                "pipeline": {"supported": bool(self.family.SUPPORTS_PIPELINE_GRAPH), "active": why is None,
+                             "reason": why}}
+
     def _pipeline_program(self, network: Network, max_det: int, max_nms: int):
         from libreyolo.graphs import GraphProgram
 

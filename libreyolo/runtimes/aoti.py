@@ -116,10 +116,7 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         if not self._graphable:
             return {"family": self.family.name, "supported": False, "reason": NO_GRAPH_REASON, "captures": 0,
                     "graphs": []}
-        why = self.pipeline_unavailable()
-        info: dict[str, Any] = {"family": self.family.name, "supported": bool(self.family.SUPPORTS_CUDA_GRAPH),
-                                "pipeline": {"supported": bool(self.family.SUPPORTS_PIPELINE_GRAPH),
-                                             "active": why is None, "reason": why}}
+        info = self._graph_info_head()
         info.update(self._graph_runner().info())
         return info
 
