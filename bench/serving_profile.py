@@ -129,6 +129,17 @@ def selection(model, frames, conf: float) -> dict[str, float]:
         out[f"topk_{cap}"] = cuda_ms(lambda cap=cap: keys.topk(cap, dim=1))
         out[f"detect_padded_{cap}"] = cuda_ms(lambda cap=cap: pp.detect_padded(preds, params, max_det=300,
                                                                                 max_nms=cap))
+    # the NMS kernel with and without its precomputed suppression mask (libreyolo.ops.nms_triton)
+    import os
+
+    os.environ["LIBREYOLO_NMS_MASK"] = "0"
+    try:
+        out["detect_padded_30000_no_mask"] = cuda_ms(lambda: pp.detect_padded(preds, params, max_det=300))
+        reference = pp.detect_padded(preds, params, max_det=300)
+    finally:
+        del os.environ["LIBREYOLO_NMS_MASK"]
+    masked = pp.detect_padded(preds, params, max_det=300)
+    out["mask_same_result"] = all(torch.equal(a, b) for a, b in zip(reference, masked, strict=True))
     return out
 
 

@@ -171,13 +171,16 @@ from tests.test_nms import _sorted_batch, _reference_keep
 from libreyolo.ops import nms_triton
 from libreyolo.ops.nms import greedy_nms
 g = torch.Generator().manual_seed(7)
-for quantum, levels, thr, max_det in ((None, None, 0.5, 200), (4.0, 5, 0.5, 200), (4.0, 5, 0.3, 9)):
-    images = _sorted_batch(g, 2, 150, quantum=quantum, levels=levels, size=50.0)
+for quantum, levels, thr, max_det in ((None, None, 0.5, 200), (4.0, 5, 0.5, 200), (4.0, 5, 0.3, 9),
+                                      (2.0, 3, 0.2, 300)):
+    images = _sorted_batch(g, 3, 300, quantum=quantum, levels=levels, size=40.0)
     boxes = torch.stack([b for b, _, _ in images]); classes = torch.stack([c for _, _, c in images])
-    n_valid = torch.tensor([150, 70])
-    keep, counts = nms_triton.greedy_nms(boxes, classes, n_valid, torch.tensor(thr), max_det)
+    n_valid = torch.tensor([300, 130, 0])
     ref = greedy_nms(boxes, classes, n_valid, thr, max_det, backend="torch")
-    assert torch.equal(keep, ref[0]) and torch.equal(counts, ref[1]), (quantum, levels, thr)
+    # no mask, a mask over part of the candidates (both paths in one walk), a mask over all of them
+    for cap in (0, 64, 128, None):
+        keep, counts = nms_triton.greedy_nms(boxes, classes, n_valid, torch.tensor(thr), max_det, mask_cap=cap)
+        assert torch.equal(keep, ref[0]) and torch.equal(counts, ref[1]), (quantum, levels, thr, cap)
     for i, (b, s, c) in enumerate(images):
         assert keep[i, :int(counts[i])].tolist() == _reference_keep(b, s, c, int(n_valid[i]), thr, max_det)
 print("ok")
@@ -213,9 +216,15 @@ def test_triton_kernel_on_cuda_matches_the_torch_backend_and_the_reference(seed)
     boxes = torch.stack([b for b, _, _ in images]).cuda()
     classes = torch.stack([c for _, _, c in images]).cuda()
     n_valid = torch.tensor([2000, 1500, 3, 0], device="cuda")
+    from libreyolo.ops import nms_triton
+
     for thr, max_det in ((0.45, 300), (0.7, 1000), (0.2, 17)):
         keep, counts = greedy_nms(boxes, classes, n_valid, torch.tensor(thr, device="cuda"), max_det)
         ref_keep, ref_counts = greedy_nms(boxes, classes, n_valid, thr, max_det, backend="torch")
         assert torch.equal(keep, ref_keep) and torch.equal(counts, ref_counts)
+        for cap in (0, 512):  # without the suppression mask, and with it over part of the candidates
+            k2, c2 = nms_triton.greedy_nms(boxes, classes, n_valid, torch.tensor(thr, device="cuda"), max_det,
+                                           mask_cap=cap)
+            assert torch.equal(k2, ref_keep) and torch.equal(c2, ref_counts), cap
         for i, (b, s, c) in enumerate(images[:2]):
             assert keep[i, :int(counts[i])].tolist() == _reference_keep(b, s, c, int(n_valid[i]), thr, max_det)
