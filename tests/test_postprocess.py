@@ -117,9 +117,14 @@ def test_capped_equals_uncapped_when_the_candidates_fit_and_is_a_prefix_otherwis
         assert_same(a, reference_postprocess(pred[i], metas[i], conf=0.3, iou=0.5, max_det=300, max_nms=fit // 4))
 
 
+@pytest.mark.parametrize("select", ["sort", "topk"])
 @pytest.mark.parametrize("max_nms", [7, 90, DEFAULT_MAX_NMS])
-def test_fixed_shape_stage_equals_the_adaptive_one(max_nms):
-    # fixed: what CUDA and graphs run (a top-k of exactly max_nms keys); adaptive: what a CPU runs
+def test_fixed_shape_stage_equals_the_adaptive_one(max_nms, select, monkeypatch):
+    # fixed: what CUDA and graphs run (the best max_nms keys: a full sort of small sets, a top-k of
+    # larger ones); adaptive: what a CPU runs
+    from libreyolo.ops import postprocess
+
+    monkeypatch.setattr(postprocess, "SORT_BELOW", 1 << 30 if select == "sort" else 0)
     g = torch.Generator().manual_seed(13)
     pred, metas = random_predictions(g, 3, levels=4), metas_for(3)
     params = pack_params(metas, conf=0.25, iou=0.5, nc=NC, classes=[1, 2, 3])
