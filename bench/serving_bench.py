@@ -125,7 +125,7 @@ def export_all(files: dict[str, str], precisions: list[str], work: Path,
                keys: list[str]) -> dict[tuple[str, str], dict]:
     jobs = {(key, p): (files[key], p == "fp16", work / f"{key}-{p}.pt2") for key in keys for p in precisions}
     done = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         futures = {pool.submit(_export_child, *args): job for job, args in jobs.items()}
         for fut in concurrent.futures.as_completed(futures):
             done[futures[fut]] = fut.result()

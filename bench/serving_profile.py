@@ -143,6 +143,43 @@ def selection(model, frames, conf: float) -> dict[str, float]:
     return out
 
 
+def variants(model, frames, half: bool, conf: float, n: int) -> dict:
+    """Graphed predict (wall ms, median) with the NMS mask on/off and candidate selection by sort/topk.
+
+    Every variant is captured afresh; ``same`` says whether its detections equal the first's."""
+    import os
+
+    from libreyolo.ops import postprocess as pp
+
+    kw = {"conf": conf, "half": half, "batch": len(frames), "cuda_graph": True}
+    out: dict = {}
+    first = None
+    sort_below = pp.SORT_BELOW
+    for name, mask, sort in (("mask+sort", "", sort_below), ("nomask+sort", "0", sort_below),
+                             ("mask+topk", "", 0), ("nomask+topk", "0", 0)):
+        os.environ["LIBREYOLO_NMS_MASK"] = mask
+        pp.SORT_BELOW = sort
+        try:
+            model.release_graphs()
+            for _ in range(5):
+                model(frames, **kw)
+            times = []
+            for _ in range(n):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                res = model(frames, **kw)
+                times.append((time.perf_counter() - t0) * 1e3)
+            boxes = [r.boxes.data.cpu() for r in (res if isinstance(res, list) else [res])]
+            first = boxes if first is None else first
+            out[name] = round(statistics.median(times), 3)
+            out[name + " same"] = all(torch.equal(a, b) for a, b in zip(first, boxes, strict=True))
+        finally:
+            os.environ.pop("LIBREYOLO_NMS_MASK", None)
+            pp.SORT_BELOW = sort_below
+    model.release_graphs()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
@@ -158,7 +195,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     files = prepare_weights(work, args.shared)
     record: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "command": " ".join(sys.argv), "host": {}, "select": {}, "device_tables": {}}
+                    "command": " ".join(sys.argv), "host": {}, "select": {}, "device_tables": {}, "variants": {}}
     for workload in ("sparse", "dense"):
         model = LibreYOLO(files[workload], device="cuda")
         for half in (False, True):
@@ -167,6 +204,11 @@ def main() -> None:
                 key = f"{workload} {'fp16' if half else 'fp32'} b{b}"
                 record["host"][key] = host_stages(model, frames, half, 0.25, args.n if b == 1 else args.n // 3)
                 print("host", key, record["host"][key], flush=True)
+        for half, b in ((False, 1), (True, 1), (True, 32)):
+            frames = [frame() for _ in range(b)]
+            key = f"{workload} {'fp16' if half else 'fp32'} b{b}"
+            record["variants"][key] = variants(model, frames, half, 0.25, args.n if b == 1 else args.n // 3)
+            print("variants", key, record["variants"][key], flush=True)
         for b in (1, 32):
             frames = [frame() for _ in range(b)]
             key = f"{workload} b{b}"

@@ -298,20 +298,27 @@ def test_postprocessing_on_cuda_never_waits_for_the_device(model):
 
 
 def test_dense_checkpoint_graph_equals_eager_and_postprocessing_is_fast():
+    import os
     import time
     from pathlib import Path
 
     from libreyolo import LibreYOLO
 
-    path = Path(__file__).resolve().parents[2] / "shared" / "bench" / "dense-yolo9t.pt"
+    # the shared folder: LIBREYOLO_SHARED_DIR (the GPU machine's copy), else ../shared beside the checkout
+    shared = Path(os.environ.get("LIBREYOLO_SHARED_DIR") or Path(__file__).resolve().parents[2] / "shared")
+    path = shared / "bench" / "dense-yolo9t.pt"
     if not path.is_file():
-        pytest.skip(f"{path} not found (the dense benchmark checkpoint)")
+        pytest.skip(f"{path} not found (the dense benchmark checkpoint; set LIBREYOLO_SHARED_DIR)")
     model = LibreYOLO(path, device="cuda")
     img = _images(1)[0]
-    for kw in ({}, {"max_nms": 1000}, {"conf": 0.5, "iou": 0.3}):
-        eager = model(img, color_format="rgb", **kw)
-        graphed = model(img, color_format="rgb", cuda_graph=True, **kw)
-        assert len(eager) == 300 and _same(graphed, eager), kw
+    # max_nms 1000 keeps 59 boxes (the top 1,000 candidates crowd a few places), the others 300
+    for kw in ({}, {"max_nms": 1000}, {"conf": 0.5, "iou": 0.3}, {"batch": 8}):
+        src = [img] * 8 if "batch" in kw else img
+        eager = model(src, color_format="rgb", **kw)
+        graphed = model(src, color_format="rgb", cuda_graph=True, **kw)
+        pairs = zip(graphed, eager, strict=True) if "batch" in kw else [(graphed, eager)]
+        assert all(len(e) > 50 and _same(g, e) for g, e in pairs), kw
+    assert len(eager[0]) == 300
     from libreyolo.ops.letterbox import LetterboxMeta
     from libreyolo.ops.postprocess import detect_padded, pack_params
 

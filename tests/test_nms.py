@@ -228,3 +228,16 @@ def test_triton_kernel_on_cuda_matches_the_torch_backend_and_the_reference(seed)
             assert torch.equal(k2, ref_keep) and torch.equal(c2, ref_counts), cap
         for i, (b, s, c) in enumerate(images[:2]):
             assert keep[i, :int(counts[i])].tolist() == _reference_keep(b, s, c, int(n_valid[i]), thr, max_det)
+
+
+def test_mask_rows_covers_small_batches_within_the_budget_and_skips_large_ones(monkeypatch):
+    from libreyolo.ops import nms_triton as nt
+
+    assert nt.mask_rows(1, 600) == 640  # every candidate, rounded up to a block
+    assert nt.mask_rows(1, 30000) == nt.MASK_CAP
+    rows = nt.mask_rows(nt.MASK_MAX_BATCH, 30000)
+    assert 0 < rows <= nt.MASK_CAP and rows % nt.BLOCK == 0
+    assert nt.MASK_MAX_BATCH * rows * rows // 8 <= nt.MASK_BYTES
+    assert nt.mask_rows(nt.MASK_MAX_BATCH + 1, 600) == 0  # the walks of many images already run side by side
+    monkeypatch.setenv("LIBREYOLO_NMS_MASK", "0")
+    assert nt.mask_rows(1, 600) == 0

@@ -12,6 +12,7 @@ and the sample image goes through both full ``predict()`` pipelines.
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -85,14 +86,48 @@ def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], n
     return aligned, most
 
 
-def compare_outputs(ref: torch.Tensor, got: torch.Tensor, atol: float, rtol: float, min_cos: float) -> dict:
-    """Max abs error, worst error relative to the allowance, cosine; ``passed`` by the thresholds."""
+# An fp16 artifact is compared with the float32 eager model. The fixed fp16 thresholds alone are
+# tighter than the eager model's own fp16 numerics on a trained network: the demo detector at 320,
+# eager fp16 against eager fp32 on the CPU, moves box coordinates by up to 1.45 px on the ramps
+# probe (3.3 times the fixed allowance), and the AOTInductor fp16 package by 1.88 px on the H200.
+# So each raw output of an fp16 artifact may also differ by this factor times the largest
+# difference between the eager model run in fp16 and in fp32 on the same probe (its "drift");
+# the cosine bar and the detection matching are unchanged.
+FP16_DRIFT_FACTOR = 2.0
+
+
+def fp16_drift(model: Any, family: Any, x: torch.Tensor, ref: dict[str, torch.Tensor],
+               half_net: Any) -> dict[str, float]:
+    """Largest |eager fp16 - eager fp32| of each output on input ``x`` (float32 ``ref``)."""
+    with torch.inference_mode():
+        half = family.named_outputs(half_net(x.to(model.device, torch.float16)))
+    drift = {k: float((half[k].float() - ref[k].float()).abs().max()) for k in ref
+             if k in half and half[k].shape == ref[k].shape and ref[k].is_floating_point() and ref[k].numel()}
+    return {k: v for k, v in drift.items() if math.isfinite(v)}  # an fp16 overflow widens nothing
+
+
+def _half_copy(net: Any) -> Any | None:
+    """A float16 copy of ``net`` for the drift measurement, or None where it cannot run."""
+    import copy
+
+    try:
+        return copy.deepcopy(net).half().eval()
+    except Exception:  # pragma: no cover - a module that cannot be copied or cast
+        return None
+
+
+def compare_outputs(ref: torch.Tensor, got: torch.Tensor, atol: float, rtol: float, min_cos: float,
+                    drift: float = 0.0) -> dict:
+    """Max abs error, worst error relative to the allowance, cosine; ``passed`` by the thresholds.
+
+    The allowance of each element is ``atol + rtol * |ref| + drift`` (``drift``: see
+    :data:`FP16_DRIFT_FACTOR`)."""
     if tuple(ref.shape) != tuple(got.shape):
         return {"max_abs_error": float("inf"), "allowed": atol, "cosine": 0.0, "passed": False,
                 "shape": f"{tuple(got.shape)} vs eager {tuple(ref.shape)}"}
     r, g = ref.double().cpu(), got.double().cpu()
     err = (r - g).abs()
-    allowed = atol + rtol * r.abs()
+    allowed = atol + rtol * r.abs() + drift
     if r.is_floating_point() and r.numel() and float(r.norm()) > 0 and float(g.norm()) > 0:
         cos = float(torch.dot(r.flatten(), g.flatten()) / (r.norm() * g.norm()))
     else:
@@ -301,6 +336,8 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -
 
     capped = 0
     art_sample = None
+    half_net = _half_copy(model.net) if opts.precision == "fp16" and not nms else None
+    largest_drift = 0.0
     for picks, x in _progress(batches, f"validating {exporter.name}"):
         name = "+".join(dict.fromkeys(picks)) + (f" (batch {len(picks)})" if len(picks) > 1 else "")
         x_ref = x.to(model.device, next(model.net.parameters()).dtype)
@@ -318,8 +355,18 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -
                     report.checks.append({"probe": name, "output": "+".join(family.export.row_sets),
                                           "max_abs_error": float("inf"), "allowed": atol, "cosine": 0.0,
                                           "passed": False, "shape": f"{moved} rows out of order"})
+            drift = {}
+            if half_net is not None:
+                try:
+                    drift = fp16_drift(model, family, x, ref, half_net)
+                except Exception as exc:  # an op without fp16 support on this device: fixed thresholds only
+                    report.notes.append(f"the eager model's fp16 drift could not be measured ({type(exc).__name__}); "
+                                        "the fixed fp16 thresholds apply")
+                    half_net = None
+                largest_drift = max([largest_drift, *drift.values()])
             for out_name, ref_t in ref.items():
-                check = compare_outputs(ref_t, compared[out_name], atol, rtol, min_cos)
+                check = compare_outputs(ref_t, compared[out_name], atol, rtol, min_cos,
+                                        drift=FP16_DRIFT_FACTOR * drift.get(out_name, 0.0))
                 report.checks.append({"probe": name, "output": out_name, **check})
         # decoded: eager postprocessing of eager outputs against the artifact's own decoder
         plain = LetterboxMeta((x.shape[2], x.shape[3]), 1.0, (0.0, 0.0))
@@ -356,6 +403,9 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -
             "greedy NMS over the same top-k candidates (see docs/export.md, embedded NMS limits)")
     if opts.precision == "fp16":
         report.notes.append("fp16 artifact compared with the float32 eager model at the fp16 thresholds")
+        if half_net is not None:
+            report.notes.append(f"raw outputs may also differ by {FP16_DRIFT_FACTOR:g}x the eager model's own fp16 "
+                                f"drift from fp32 on each probe (largest drift: {largest_drift:.3g})")
     if not all(c["passed"] for c in report.checks) or not all(d["passed"] for d in report.detections):
         report.status = "failed"
     report.seconds = time.perf_counter() - start

@@ -4,9 +4,9 @@ Two launches per call:
 
 0. **Suppression mask** (``_suppression_mask_kernel``, one program per image and 64x64 tile,
    all in parallel): for the first ``KM`` candidates of each image (:func:`mask_rows`: all of them
-   up to ``MASK_CAP``, fewer for large batches), bit ``j`` of word ``w`` of row ``i`` says that
-   candidate ``64 w + j`` comes after ``i``, has its class and overlaps it with IoU above the
-   threshold. Only the words at or right of the diagonal are written and read.
+   up to ``MASK_CAP``, fewer for large batches, none above ``MASK_MAX_BATCH`` images), bit
+   ``j`` of word ``w`` of row ``i`` says that candidate ``64 w + j`` comes after ``i``, has its
+   class and overlaps it with IoU above the threshold. Only the words at or right of the diagonal are written and read.
 
 Then one program per image walks its sorted candidates in blocks of ``BLOCK`` (see
 :mod:`libreyolo.ops.nms` for the algorithm and the exactness argument):
@@ -53,6 +53,14 @@ KEPT = 64   # kept boxes per tile when testing a block against them
 WORDS = 32  # mask words per tile when a block's kept rows are OR-ed into the removed row
 MASK_CAP = 8192  # candidates per image with a precomputed suppression mask (see mask_rows)
 MASK_BYTES = 1 << 26  # the masks of one call stay under 64 MiB
+# The mask pays when few images share the walk: H200, dense YOLOv9-t at 640 (300 kept of ~6,000
+# walked per image), detect_padded b1 2.06 ms with the mask against 4.95 without; at b32 7.19
+# against 6.04 (32 walks already run side by side, and the masks cost 32 times one image's)
+# (bench/results/2026-12-01-serving-profile-h200-mask.json). The crossover estimated from those
+# two points (mask ~0.3 ms per image, walk ~4.5 ms without it, ~0.6 ms with) is near 13 images;
+# at b8 the graphed dense predict measured the mask about 0.3 ms ahead in fp16 and level within
+# the ~1 ms run noise in fp32 (bench/results/2026-12-01-serving-h200-NOTES.md, run4).
+MASK_MAX_BATCH = 8
 NUM_WARPS = 4
 
 
@@ -236,8 +244,9 @@ def greedy_nms(boxes: torch.Tensor, classes: torch.Tensor, n_valid: torch.Tensor
 def mask_rows(batch: int, k: int) -> int:
     """How many leading candidates per image get the precomputed suppression mask: all ``k`` (rounded
     up to a block) up to ``MASK_CAP``, and fewer for large batches so the masks stay under
-    ``MASK_BYTES`` (``batch * rows * rows / 8`` bytes). ``LIBREYOLO_NMS_MASK=0`` turns the mask off."""
-    if os.environ.get("LIBREYOLO_NMS_MASK", "").strip() == "0":
+    ``MASK_BYTES`` (``batch * rows * rows / 8`` bytes); none above ``MASK_MAX_BATCH`` images.
+    ``LIBREYOLO_NMS_MASK=0`` turns the mask off."""
+    if batch > MASK_MAX_BATCH or os.environ.get("LIBREYOLO_NMS_MASK", "").strip() == "0":
         return 0
     rows = min(-(-k // BLOCK) * BLOCK, MASK_CAP)
     while rows > BLOCK and batch * rows * rows // 8 > MASK_BYTES:

@@ -39,7 +39,9 @@ DEFAULT_MAX_NMS = 30000
 # fixed-shape candidate selection: a full sort of the keys instead of a top-k of max_nms of them up
 # to this many keys per call. H200, YOLOv9-t at 640 (672,000 keys per image), eager: batch 1 sort
 # 0.149 ms against topk(30000) 0.308 ms; batch 32 sort 2.26 ms against topk 0.99 ms
-# (bench/results/2026-12-01-serving-profile-h200.json). WIP: not yet measured inside a CUDA graph.
+# (bench/results/2026-12-01-serving-profile-h200.json). Inside the whole-pipeline graph, batch-1
+# predict: sparse fp32 3.97 ms sorting against 4.22 with topk, dense 5.32 against 5.45
+# (bench/results/2026-12-01-serving-profile-h200-mask.json, same detections).
 SORT_BELOW = 1 << 20
 _LOW = (1 << 32) - 1
 _PARAM_HEAD = 2  # conf, iou; then nc class switches, then 5 numbers per image
