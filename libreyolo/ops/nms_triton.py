@@ -6,7 +6,8 @@ Two launches per call:
    all in parallel): for the first ``KM`` candidates of each image (:func:`mask_rows`: all of them
    up to ``MASK_CAP``, fewer for large batches, none above ``MASK_MAX_BATCH`` images), bit
    ``j`` of word ``w`` of row ``i`` says that candidate ``64 w + j`` comes after ``i``, has its
-   class and overlaps it with IoU above the threshold. Only the words at or right of the diagonal are written and read.
+   class and overlaps it with IoU above the threshold. Only the words at or right of the
+   diagonal are written and read.
 
 Then one program per image walks its sorted candidates in blocks of ``BLOCK`` (see
 :mod:`libreyolo.ops.nms` for the algorithm and the exactness argument):
