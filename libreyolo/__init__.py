@@ -9,7 +9,7 @@ from typing import Any
 from libreyolo._version import __version__
 from libreyolo.assets import SAMPLE_IMAGE, SHAPES_IMAGE
 
-__all__ = ["SAMPLE_IMAGE", "SHAPES_IMAGE", "LibreYOLO", "__version__", "set_fused_attention"]
+__all__ = ["SAMPLE_IMAGE", "SHAPES_IMAGE", "LibreYOLO", "__version__", "compare", "set_fused_attention"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +17,10 @@ def __getattr__(name: str) -> Any:
         from libreyolo.api import LibreYOLO
 
         return LibreYOLO
+    if name == "compare":  # re-validate an artifact against a checkpoint
+        from libreyolo.export.compare import compare
+
+        return compare
     if name == "set_fused_attention":  # switch the fused_attn flag of every attention module
         from libreyolo.kernels.attention import set_fused_attention
 

@@ -290,12 +290,40 @@ def cmd_val(args: dict[str, Any]) -> int:
     return 0
 
 
+COMPARE_OPTS: dict[str, Opt] = {
+    "model": Opt(str, None, "checkpoint (.pt) the artifact should come from"),
+    "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine)"),
+    "device": Opt(_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
+    "json": Opt(str, None, "also write the report as JSON to this path"),
+}
+
+
+def cmd_compare(args: dict[str, Any]) -> int:
+    """0: the artifact matches the checkpoint; 1: it does not (or cannot be validated here)."""
+    import json
+    from pathlib import Path
+
+    from libreyolo.export.compare import compare
+
+    if not args["model"] or not args["artifact"]:
+        raise UsageError("compare needs model=<checkpoint .pt> and artifact=<exported file>")
+    report = compare(args["model"], args["artifact"], device=args["device"])
+    print(report.text())
+    if args["json"]:
+        from libreyolo.checkpoint import atomic_write
+
+        text = json.dumps(report.to_dict(), indent=1, default=str)
+        atomic_write(Path(args["json"]), lambda tmp: tmp.write_text(text))
+    return 0 if report.passed else 1
+
+
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
     "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "Time predict(), eager and with CUDA graphs."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
     "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, or top-1/top-5)."),
+    "compare": (cmd_compare, COMPARE_OPTS, "Re-validate an artifact against a checkpoint (exit 0: match)."),
 }
 
 
@@ -324,9 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     enable_console()  # library messages (warnings, progress notes) on stderr; results go to stdout
     try:
         return func(parse_args(rest, opts, command))
-    except LibreYOLOError as exc:
+    except LibreYOLOError as exc:  # user mistakes exit 2; an error may say it is a failure of the work (1)
         print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "exit_code", 2))
     except OSError as exc:  # the file system refused something (disk full, permissions)
         print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
         return 1

@@ -20,6 +20,13 @@ class ExportError(LibreYOLOError, RuntimeError):
     """An export could not produce a valid artifact (toolchain failure or failed validation)."""
 
 
+class ValidationFailed(ExportError):
+    """The artifact was built and run, and it does not match the eager model (CLI exit status 1:
+    a failure of the work, not a user mistake)."""
+
+    exit_code = 1
+
+
 @dataclass
 class ExportOptions:
     """Checked, normalised export options (see :func:`libreyolo.export.export`)."""

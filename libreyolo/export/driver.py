@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from libreyolo.errors import ArgumentError
-from libreyolo.export.base import Exporter, ExportError, ExportOptions, get_exporter
+from libreyolo.export.base import Exporter, ExportError, ExportOptions, ValidationFailed, get_exporter
 from libreyolo.export.metadata import (
     METADATA_VERSION,
     sha256_file,
@@ -244,7 +244,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                                   "integrity hash would not hold; this is a bug, please report it")
             meta.update(content_sha256=content, metadata_sha256=encoded["metadata_sha256"])
             if report.status == "failed":
-                raise ExportError(f"{exporter.name} artifact does not match the eager model; nothing was written "
+                raise ValidationFailed(f"{exporter.name} artifact does not match the eager model; nothing was written "
                                   f"to {final}.\n{report.text()}")
             if opts.require_validation and report.status != "passed":
                 raise ExportError(f"require_validation=True but the artifact was {report.headline()}; nothing was "

@@ -1,15 +1,31 @@
 """What an export reports: where the artifact is, and how it compared with eager."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# what to do when raw outputs differ but every decoded prediction matches
+_ADVICE_RAW_ONLY = (
+    "every decoded prediction matches the eager model; only raw outputs are beyond the measured float32 noise. "
+    "Keep the file, run `libreyolo compare model=<checkpoint> artifact=<file>` for the full report, and report "
+    "both to the LibreYOLO issue tracker (`validate=False` writes the artifact unchecked, at your own risk)")
+_ADVICE_DECODED = ("the artifact's predictions differ from the eager model's: do not ship it. Check that it was "
+                   "exported from this checkpoint (`libreyolo compare model=<checkpoint> artifact=<file>`), and "
+                   "report a reproducible case if it was")
+
 
 @dataclass
 class ValidationReport:
-    """``status``: "passed", "failed", "not validated" (the runtime cannot run here) or "skipped"."""
+    """``status``: "passed", "failed", "not validated" (the runtime cannot run here) or "skipped".
+
+    ``checks``: one entry per probe, output and output group (raw outputs against a float64 copy of
+    the eager model, :mod:`libreyolo.utils.tolerance`); ``detections``: decoded comparisons;
+    ``drift``: the eager model's measured drift per group ("float32" against float64, and "fp16"
+    against float32 for fp16 artifacts), relative to each element's scale.
+    """
 
     status: str
     reason: str = ""
@@ -18,6 +34,7 @@ class ValidationReport:
     detections: list[dict[str, Any]] = field(default_factory=list)  # decoded comparisons
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    drift: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def not_run(cls, reason: str) -> ValidationReport:
@@ -31,36 +48,93 @@ class ValidationReport:
     def passed(self) -> bool:
         return self.status == "passed"
 
+    def _raw(self) -> list[dict[str, Any]]:
+        return [c for c in self.checks if c.get("kind") != "input"]
+
+    def worst_check(self) -> dict[str, Any] | None:
+        """The raw check nearest to (or furthest past) its allowance: failed checks first."""
+        raw = self._raw()
+        if not raw:
+            return None
+        return max(raw, key=lambda c: (not c["passed"], _num(c.get("ratio", 0.0))))
+
     def worst(self) -> dict[str, float]:
-        """Largest max-abs error and smallest cosine over all raw checks."""
-        if not self.checks:  # embedded NMS: the outputs are compared as matched detections
+        """Largest errors and smallest cosine over all raw checks: ``max_abs_error`` (artifact against
+        eager float32), ``artifact_float64_error`` / ``eager_float64_error`` (each against the float64
+        copy), ``worst_ratio`` (the largest error relative to its allowance)."""
+        raw = self._raw()
+        if not raw:  # embedded NMS: the outputs are compared as matched detections
             if not self.detections:
                 return {}
             return {"max_abs_error": max(d.get("max_box_error", 0.0) for d in self.detections),
                     "max_conf_diff": max(d["max_conf_diff"] for d in self.detections)}
-        return {"max_abs_error": max(c["max_abs_error"] for c in self.checks),
-                "min_cosine": min(c["cosine"] for c in self.checks)}
+        out = {"max_abs_error": max(c["max_abs_error"] for c in raw),
+               "min_cosine": min(c["cosine"] for c in raw),
+               "worst_ratio": max(_num(c.get("ratio", 0.0)) for c in raw)}
+        if all("float64_error" in c for c in raw):
+            out["artifact_float64_error"] = max(c["float64_error"] for c in raw)
+            out["eager_float64_error"] = max(c["eager_float64_error"] for c in raw)
+        return out
+
+    def _decoded_summary(self) -> str:
+        if not self.detections:
+            return ""
+        what = "top-k classes" if any(d.get("kind") == "classes" for d in self.detections) else "detections"
+        accounted = sum(d.get("accounted", d["matched"] + d.get("tie_swaps", 0)) for d in self.detections)
+        total = sum(max(d["eager"], d["artifact"]) for d in self.detections)
+        swaps = sum(d.get("tie_swaps", 0) for d in self.detections)
+        cascade = sum(d.get("swap_cascade", 0) for d in self.detections)
+        extra = []
+        if swaps:
+            extra.append(f"{swaps} by tie swaps" + (f", {cascade} decided by them" if cascade else ""))
+        return f"{what} matched {accounted}/{total}" + (f" ({'; '.join(extra)})" if extra else "")
 
     def headline(self) -> str:
         if self.status in ("not validated", "skipped"):
             return f"{self.status}: {self.reason}"
-        w = self.worst()
-        matched = sum(d["matched"] + d.get("tie_swaps", 0) for d in self.detections)
-        total = sum(max(d["eager"], d["artifact"]) for d in self.detections)
-        close = (f"min cosine {w['min_cosine']:.8f}" if "min_cosine" in w
-                 else f"max score diff {w.get('max_conf_diff', 0):.2g} (matched detections)")
-        what = "top-k classes" if any(d.get("kind") == "classes" for d in self.detections) else "detections"
-        return (f"{self.status} ({self.runtime}): max abs error {w.get('max_abs_error', 0):.3g}, {close}, "
-                f"{what} matched {matched}/{total}")
+        parts = []
+        w, worst = self.worst(), self.worst_check()
+        if worst is not None:
+            parts.append(f"worst raw element at {_num(worst.get('ratio', 0.0)):.2f}x its allowance "
+                         f"({worst['probe']}, {worst.get('group', worst['output'])})")
+            if "artifact_float64_error" in w:
+                parts.append(f"largest error from float64: artifact {w['artifact_float64_error']:.3g}, "
+                             f"eager float32 {w['eager_float64_error']:.3g}")
+            parts.append(f"min cosine {w['min_cosine']:.8f}")
+        elif w:
+            parts.append(f"max score diff {w.get('max_conf_diff', 0):.2g} (matched detections)")
+        decoded = self._decoded_summary()
+        if decoded:
+            parts.append(decoded)
+        return f"{self.status} ({self.runtime}): " + ", ".join(parts)
+
+    def advice(self) -> str:
+        """What to do about a failure ('' when it passed)."""
+        if self.status != "failed":
+            return ""
+        if self.detections and all(d["passed"] for d in self.detections):
+            return _ADVICE_RAW_ONLY
+        return _ADVICE_DECODED
 
     def text(self) -> str:
         lines = [f"validation: {self.headline()}"]
         for c in self.checks:
             mark = "ok " if c["passed"] else "BAD"
-            worst = (f"worst {c['worst_error']:.3g} where {c['allowed']:.3g} allowed" if "worst_error" in c
-                     else f"allowed {c['allowed']:.3g}")
-            lines.append(f"  {mark} {c['probe']:<16} {c['output']:<15} max abs {c['max_abs_error']:.3g} "
-                         f"({worst})  cosine {c['cosine']:.8f}")
+            label = f"{c['output']}" + (f" [{c['group'].split('/')[-1]}]" if "/" in str(c.get("group", "")) else "")
+            if "shape" in c:
+                lines.append(f"  {mark} {c['probe']:<16} {label:<22} {c['shape']}")
+                continue
+            if c.get("kind") == "input":
+                lines.append(f"  {mark} {c['probe']:<16} {label:<22} identical to the eager model's input tensor")
+                continue
+            lines.append(f"  {mark} {c['probe']:<16} {label:<22} {_num(c.get('ratio', 0.0)):.2f}x allowance "
+                         f"(from float64: artifact {c.get('float64_error', 0):.3g}, eager "
+                         f"{c.get('eager_float64_error', 0):.3g}; vs eager {c['max_abs_error']:.3g})  "
+                         f"cosine {c['cosine']:.8f}")
+            if not c["passed"] and "index" in c:
+                lines.append(f"      element {c['index']}: eager {c['eager']:.7g}, artifact {c['artifact']:.7g}, "
+                             f"float64 {c['float64']:.7g}, allowed {c['allowed']:.3g}"
+                             + (f"; cosine below {c['min_cosine']:.8f}" if c["cosine"] < c["min_cosine"] else ""))
         for d in self.detections:
             mark = "ok " if d["passed"] else "BAD"
             if d.get("kind") == "classes":
@@ -73,12 +147,24 @@ class ValidationReport:
                          + (f" (+{d['swap_cascade']} decided by them)" if d.get("swap_cascade") else "")
                          + f" (min IoU {d['min_iou']:.4f}, max conf diff {d['max_conf_diff']:.2g})")
         lines += [f"  note: {n}" for n in self.notes]
+        if self.advice():
+            lines.append(f"  what to do: {self.advice()}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason, "runtime": self.runtime, "summary": self.headline(),
-                **self.worst(), "checks": self.checks, "detections": self.detections, "notes": self.notes,
-                "seconds": round(self.seconds, 3)}
+                **_finite(self.worst()), "checks": [_finite(c) for c in self.checks],
+                "detections": [_finite(d) for d in self.detections], "notes": self.notes,
+                "drift": self.drift, "seconds": round(self.seconds, 3)}
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) else 0.0
+
+
+def _finite(entry: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no infinity: non-finite numbers are stored as strings ("inf")."""
+    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in entry.items()}
 
 
 @dataclass
@@ -105,7 +191,9 @@ class ExportReport(os.PathLike):
         return p.stat().st_size if p.exists() else 0
 
     def text(self) -> str:
+        import shlex
+
         mib = self.size_bytes / 2**20
         return (f"exported {self.format}: {self.path} ({mib:.1f} MiB, {self.seconds:.1f} s)\n"
                 f"{self.validation.text()}\n"
-                f"run it: libreyolo predict model={self.path} source=<image or folder>")
+                f"run it: libreyolo predict model={shlex.quote(str(self.path))} source=<image or folder>")

@@ -3,11 +3,12 @@
 Inputs: the sample image (letterboxed like predict does) and probes of different
 distributions (uniform, clipped normal, smooth ramps), at the exported batch size, plus a
 second batch size and a non-square size when the artifact has dynamic axes. Raw outputs are
-compared per output (max abs error against ``atol + rtol * |eager|``, cosine similarity in
-float64) with the family contract's thresholds for the format and precision; decoded
-predictions are compared by the function the family's contract names (``decoded_match``:
-detections matched by class and IoU, classifications by their top-5 classes and probabilities),
-and the sample image goes through both full ``predict()`` pipelines.
+compared per output group with a float64 copy of the eager model, each element within a
+multiple of the eager float32 model's own error against float64 (the tolerance model of
+:mod:`libreyolo.utils.tolerance`), and by cosine similarity; decoded predictions are compared
+by the function the family's contract names (``decoded_match``: detections matched by class
+and IoU, classifications by their top-5 classes and probabilities), and the sample image goes
+through both full ``predict()`` pipelines.
 """
 from __future__ import annotations
 
@@ -20,11 +21,24 @@ from typing import Any
 import torch
 
 from libreyolo.export.base import Exporter, ExportOptions
+from libreyolo.export.matching import match_classes, match_detections  # noqa: F401 - contracts name them here
 from libreyolo.export.module import ExportModule
 from libreyolo.export.report import ValidationReport
-from libreyolo.ops.boxes import box_iou
 from libreyolo.ops.letterbox import LetterboxMeta
 from libreyolo.results import decoded_predictions
+from libreyolo.utils.tolerance import (
+    ALIGN_RELATIVE,
+    FLOAT32_MULTIPLE,
+    FLOOR,
+    FP16_DRIFT_FACTOR,
+    OutputGroup,
+    allowance,
+    as_float64,
+    drift,
+    float64_copy,
+    groups_for,
+    score_tolerance,
+)
 
 VALIDATION_CONF = 0.25
 
@@ -49,21 +63,26 @@ def sample_batch(family: Any, imgsz: int) -> tuple[torch.Tensor, list[LetterboxM
 
 
 def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], names: tuple[str, ...],
-                   atol: float, rtol: float) -> tuple[dict[str, torch.Tensor], int]:
-    """The artifact's outputs with the rows (axis 1) of ``names`` put back in eager order where
+                   atol: float = 0.0, rtol: float = 0.0,
+                   allowed: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], int]:
+    """The artifact's outputs with the rows (axis 1) of ``names`` put back in ``ref`` order where
     they only traded places, and the largest number of rows moved in one image.
 
-    A row is moved only onto an eager row it matches within the allowance in every output of
-    ``names``; rows that match nothing stay where they are, so the comparison still fails them.
+    A row is moved only onto a reference row it matches within the allowance in every output of
+    ``names`` (``allowed``: per-element allowances shaped like ``ref``; else ``atol + rtol * |ref|``);
+    rows that match nothing stay where they are, so the comparison still fails them.
     """
     if not names or any(n not in ref or n not in got for n in names):
         return got, 0
-    r = torch.cat([ref[n].detach().float().cpu().flatten(2) for n in names], -1)
-    g = torch.cat([got[n].detach().float().cpu().flatten(2) for n in names], -1)
+    r = torch.cat([ref[n].detach().double().cpu().flatten(2) for n in names], -1)
+    g = torch.cat([got[n].detach().double().cpu().flatten(2) for n in names], -1)
     if r.shape != g.shape or r.dim() != 3:
         return got, 0
-    allowed = atol + rtol * r.abs()
-    out_of_place = ((r - g).abs() > allowed).any(-1)
+    if allowed is not None and all(n in allowed for n in names):
+        allow = torch.cat([allowed[n].double().cpu().flatten(2) for n in names], -1)
+    else:
+        allow = atol + rtol * r.abs()
+    out_of_place = ((r - g).abs() > allow).any(-1)
     order = torch.arange(r.shape[1]).repeat(r.shape[0], 1)
     most = 0
     for b in range(r.shape[0]):
@@ -71,7 +90,7 @@ def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], n
         free, moved = list(rows), 0
         for i in rows:
             for j in free:
-                if bool(((r[b, i] - g[b, j]).abs() <= allowed[b, i]).all()):
+                if bool(((r[b, i] - g[b, j]).abs() <= allow[b, i]).all()):
                     order[b, i] = j
                     free.remove(j)
                     moved += 1
@@ -86,28 +105,8 @@ def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], n
     return aligned, most
 
 
-# An fp16 artifact is compared with the float32 eager model. The fixed fp16 thresholds alone are
-# tighter than the eager model's own fp16 numerics on a trained network: the demo detector at 320,
-# eager fp16 against eager fp32 on the CPU, moves box coordinates by up to 1.45 px on the ramps
-# probe (3.3 times the fixed allowance), and the AOTInductor fp16 package by 1.88 px on the H200.
-# So each raw output of an fp16 artifact may also differ by this factor times the largest
-# difference between the eager model run in fp16 and in fp32 on the same probe (its "drift");
-# the cosine bar and the detection matching are unchanged.
-FP16_DRIFT_FACTOR = 2.0
-
-
-def fp16_drift(model: Any, family: Any, x: torch.Tensor, ref: dict[str, torch.Tensor],
-               half_net: Any) -> dict[str, float]:
-    """Largest |eager fp16 - eager fp32| of each output on input ``x`` (float32 ``ref``)."""
-    with torch.inference_mode():
-        half = family.named_outputs(half_net(x.to(model.device, torch.float16)))
-    drift = {k: float((half[k].float() - ref[k].float()).abs().max()) for k in ref
-             if k in half and half[k].shape == ref[k].shape and ref[k].is_floating_point() and ref[k].numel()}
-    return {k: v for k, v in drift.items() if math.isfinite(v)}  # an fp16 overflow widens nothing
-
-
 def _half_copy(net: Any) -> Any | None:
-    """A float16 copy of ``net`` for the drift measurement, or None where it cannot run."""
+    """A float16 copy of ``net`` for the fp16 drift measurement, or None where it cannot run."""
     import copy
 
     try:
@@ -116,27 +115,53 @@ def _half_copy(net: Any) -> Any | None:
         return None
 
 
-def compare_outputs(ref: torch.Tensor, got: torch.Tensor, atol: float, rtol: float, min_cos: float,
-                    drift: float = 0.0) -> dict:
-    """Max abs error, worst error relative to the allowance, cosine; ``passed`` by the thresholds.
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    if not a.numel():
+        return 1.0
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0 or nb == 0 or not (math.isfinite(na) and math.isfinite(nb)):
+        return 1.0 if torch.equal(a, b) else 0.0
+    return float(torch.dot(a, b) / (na * nb))
 
-    The allowance of each element is ``atol + rtol * |ref| + drift`` (``drift``: see
-    :data:`FP16_DRIFT_FACTOR`)."""
-    if tuple(ref.shape) != tuple(got.shape):
-        return {"max_abs_error": float("inf"), "allowed": atol, "cosine": 0.0, "passed": False,
-                "shape": f"{tuple(got.shape)} vs eager {tuple(ref.shape)}"}
-    r, g = ref.double().cpu(), got.double().cpu()
-    err = (r - g).abs()
-    allowed = atol + rtol * r.abs() + drift
-    if r.is_floating_point() and r.numel() and float(r.norm()) > 0 and float(g.norm()) > 0:
-        cos = float(torch.dot(r.flatten(), g.flatten()) / (r.norm() * g.norm()))
-    else:
-        cos = 1.0 if torch.equal(r, g) else 0.0
-    worst = int(torch.argmax(err / allowed)) if err.numel() else 0  # the element nearest (or past) its allowance
-    ok = bool((err <= allowed).all()) and cos >= min_cos and bool(torch.isfinite(g).all())
-    return {"max_abs_error": float(err.max()) if err.numel() else 0.0,
-            "worst_error": float(err.flatten()[worst]) if err.numel() else 0.0,
-            "allowed": float(allowed.flatten()[worst]) if err.numel() else atol, "cosine": cos, "passed": ok}
+
+def compare_group(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, got: torch.Tensor,
+                  allowed: torch.Tensor, min_cosine: float, cosine_gap: float = 0.0) -> dict[str, Any]:
+    """One group of one output: the artifact ``got`` against the float64 reference, element by element
+    within ``allowed`` (:func:`libreyolo.utils.tolerance.allowance`), and by cosine.
+
+    The cosine bar is ``min_cosine``, lowered to ``1 - cosine_gap`` where the eager model's own drift
+    needs it. The result names the element nearest to (or furthest past) its allowance, with the
+    eager, artifact and float64 values there."""
+    if tuple(got.shape) != tuple(ref64.shape):
+        return {"group": group.key, "kind": group.kind, "max_abs_error": math.inf, "float64_error": math.inf,
+                "eager_float64_error": 0.0, "ratio": math.inf, "eager_ratio": 0.0, "allowed": 0.0,
+                "cosine": 0.0, "min_cosine": min_cosine, "passed": False,
+                "shape": f"{tuple(got.shape)} vs eager {tuple(ref64.shape)}"}
+    r = group.view(ref64).double().cpu()
+    g = group.view(got.detach()).double().cpu()
+    e = group.view(eager.detach()).double().cpu()
+    a = group.view(allowed).double().cpu()
+    err, eager_err = (g - r).abs(), (e - r).abs()
+    finite = bool(torch.isfinite(g).all())
+    ratio = torch.where(torch.isfinite(err), err / a, torch.full_like(err, math.inf))
+    cos = _cosine(r, g)
+    bar = min(min_cosine, 1.0 - cosine_gap)
+    out: dict[str, Any] = {"group": group.key, "kind": group.kind, "cosine": cos, "min_cosine": bar}
+    if not err.numel():
+        return {**out, "max_abs_error": 0.0, "float64_error": 0.0, "eager_float64_error": 0.0, "ratio": 0.0,
+                "eager_ratio": 0.0, "allowed": 0.0, "passed": True}
+    worst = int(torch.argmax(torch.nan_to_num(ratio, nan=math.inf)))
+    where = list(torch.unravel_index(torch.tensor(worst), r.shape))
+    index = [int(i) for i in where]
+    index[group.axis % r.dim()] += group.start
+    flat = lambda t: float(t.flatten()[worst])  # noqa: E731
+    worst_ratio = float(ratio.flatten()[worst])
+    ok = finite and worst_ratio <= 1.0 and cos >= bar
+    return {**out, "max_abs_error": float((g - e).abs().max()), "float64_error": float(err.max()),
+            "eager_float64_error": float(eager_err.max()), "ratio": worst_ratio,
+            "eager_ratio": float((eager_err / a).max()), "allowed": flat(a), "index": index,
+            "eager": flat(e), "artifact": flat(g), "float64": flat(r), "passed": ok}
 
 
 def _detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, wanted: int = 100) -> float:
@@ -169,106 +194,6 @@ def _detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, 
     return float(scores.topk(wanted).values[-1]) * 0.999
 
 
-def match_detections(ref: dict, got: dict, *, conf: float, max_det: int, iou_min: float, score_tol: float,
-                     nms_iou: float = 0.45) -> dict:
-    """Match detections by class and IoU (greedy, best score first).
-
-    Left-overs are tolerated only when they are explained by a tie: a *tie swap* is an
-    unmatched pair, one from each side, of the same class, with scores within ``score_tol``
-    and IoU above ``nms_iou``: two boxes that suppress each other, whose order a one-ulp
-    difference decided (eager itself breaks exact ties by index). A single left-over is
-    tolerated when its score is within ``score_tol`` of ``conf`` (a threshold flip) or at or
-    below the last score of the other list when ``max_det`` cut that list (it fell off the end
-    there because a tie earlier shifted the ranks). Anything else fails.
-    """
-    rb, rs, rc = ref["xyxy"].float().cpu(), ref["conf"].float().cpu(), ref["cls"].cpu()
-    gb, gs, gc = got["xyxy"].float().cpu(), got["conf"].float().cpu(), got["cls"].cpu()
-    iou = box_iou(rb, gb) if len(rb) and len(gb) else torch.zeros(len(rb), len(gb))
-    iou = iou * (rc[:, None] == gc[None, :])
-    used = torch.zeros(len(gb), dtype=torch.bool)
-    matched, ious, dconf, dbox = [], [], [], []
-    ref_hit = torch.zeros(len(rb), dtype=torch.bool)
-    for i in torch.argsort(rs, descending=True, stable=True).tolist():
-        row = iou[i].masked_fill(used, -1.0) if len(gb) else iou[i]
-        if not len(gb):
-            break
-        j = int(row.argmax())
-        if float(row[j]) >= iou_min:
-            used[j], ref_hit[i] = True, True
-            matched.append((i, j))
-            ious.append(float(row[j]))
-            dconf.append(abs(float(rs[i]) - float(gs[j])))
-            dbox.append(float((rb[i] - gb[j]).abs().max()))
-
-    swaps = 0
-    for i in torch.nonzero(~ref_hit).flatten().tolist():
-        for j in torch.nonzero(~used).flatten().tolist():
-            if (rc[i] == gc[j] and abs(float(rs[i]) - float(gs[j])) <= score_tol
-                    and float(box_iou(rb[i:i + 1], gb[j:j + 1])[0, 0]) > nms_iou):
-                ref_hit[i], used[j] = True, True
-                swaps += 1
-                break
-
-    # fates decided by a swap: left-overs overlapping (same class, IoU > nms_iou) a swapped box,
-    # transitively; a genuine error (wrong box, wrong score) has no swap to hang on
-    cascade = 0
-    if swaps:
-        pool_b = [rb[i] for i in range(len(rb)) if ref_hit[i] and not any(i == a for a, _ in matched)]
-        pool_b += [gb[j] for j in range(len(gb)) if used[j] and not any(j == b for _, b in matched)]
-        pool_c = [rc[i] for i in range(len(rb)) if ref_hit[i] and not any(i == a for a, _ in matched)]
-        pool_c += [gc[j] for j in range(len(gb)) if used[j] and not any(j == b for _, b in matched)]
-        grew = True
-        while grew:
-            grew = False
-            for boxes, classes, hit in ((rb, rc, ref_hit), (gb, gc, used)):
-                for i in torch.nonzero(~hit).flatten().tolist():
-                    if any(classes[i] == c and float(box_iou(boxes[i:i + 1], b[None])[0, 0]) > nms_iou
-                           for b, c in zip(pool_b, pool_c, strict=True)):
-                        hit[i] = True
-                        pool_b.append(boxes[i])
-                        pool_c.append(classes[i])
-                        cascade += 1
-                        grew = True
-
-    def borderline(scores: torch.Tensor, hit: torch.Tensor, other: torch.Tensor) -> bool:
-        # the other list was cut at max_det: a left-over scoring at or below its cut fell off there
-        cut = float(other.min()) if len(other) >= max_det else None
-        for s in scores[~hit].tolist():
-            if abs(s - conf) <= score_tol or (cut is not None and s <= cut + score_tol):
-                continue
-            return False
-        return True
-
-    ok = borderline(rs, ref_hit, gs) and borderline(gs, used, rs)
-    return {"eager": len(rb), "artifact": len(gb), "matched": len(matched), "tie_swaps": swaps, "swap_cascade": cascade,
-            "identical": len(matched) == len(rb) == len(gb), "min_iou": min(ious, default=1.0),
-            "max_conf_diff": max(dconf, default=0.0), "max_box_error": max(dbox, default=0.0), "passed": ok}
-
-
-def match_classes(ref: dict, got: dict, *, score_tol: float, k: int = 5, **_: Any) -> dict:
-    """Compare two classifications (``probs`` (nc,) each): the top-``k`` classes and all probabilities.
-
-    Passes when every probability is within ``score_tol`` and the top-``k`` class lists are equal,
-    except where the two classes at a position differ by at most ``score_tol`` in the eager
-    probabilities (a near-tie whose order one ulp decided). Detection arguments are ignored.
-    """
-    rp, gp = ref["probs"].float().cpu(), got["probs"].float().cpu()
-    if tuple(rp.shape) != tuple(gp.shape):
-        return {"kind": "classes", "eager": int(rp.numel()), "artifact": int(gp.numel()), "matched": 0,
-                "tie_swaps": 0, "identical": False, "min_iou": 1.0, "max_conf_diff": float("inf"), "passed": False}
-    k = min(k, int(rp.numel()))
-    r_top = torch.sort(rp, descending=True, stable=True).indices[:k]
-    g_top = torch.sort(gp, descending=True, stable=True).indices[:k]
-    same = r_top == g_top
-    ties = [j for j in torch.nonzero(~same).flatten().tolist()
-            if abs(float(rp[r_top[j]]) - float(rp[g_top[j]])) <= score_tol]
-    diff = float((rp - gp).abs().max()) if rp.numel() else 0.0
-    ok = len(ties) == int((~same).sum()) and diff <= score_tol and bool(torch.isfinite(gp).all())
-    return {"kind": "classes", "eager": k, "artifact": k, "matched": int(same.sum()), "tie_swaps": len(ties),
-            "identical": bool(same.all()), "min_iou": 1.0, "max_conf_diff": diff,
-            "top_eager": r_top.tolist(), "top_artifact": g_top.tolist(), "passed": ok}
-
-
 def _batches(probes: dict[str, torch.Tensor], size: int,
              count: int | None = None) -> list[tuple[list[str], torch.Tensor]]:
     """Probes packed into batches of ``size`` (cycling through them), each with its probe names."""
@@ -290,8 +215,10 @@ def _progress(items: list, desc: str) -> Any:
     return tqdm(items, desc=desc, unit="input", file=sys.stderr, disable=None, delay=2.0, leave=False)
 
 
-def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -> ValidationReport:
-    """Run the artifact at ``path`` with its runtime and compare it with ``model``.
+def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOptions,
+                      runtime: Any = None) -> ValidationReport:
+    """Run the artifact at ``path`` with its runtime (or the given loaded ``runtime``) and compare
+    it with ``model`` and with a float64 copy of it.
 
     On CUDA, float32 is compared with TF32 off on both sides (:func:`exact_float32`): the
     comparison is of two float32 programs, not of their TF32 noise.
@@ -299,25 +226,72 @@ def validate_artifact(model: Any, exporter: Exporter, path: Path, opts: ExportOp
     from libreyolo.utils.numerics import exact_float32
 
     with exact_float32(opts.device):
-        report = _validate(model, exporter, path, opts)
+        report = _validate(model, exporter, path, opts, runtime)
     if opts.device.type == "cuda" and opts.precision == "fp32":
         report.notes.append("compared with TF32 off (cuDNN and cuBLAS) on both sides")
     return report
 
 
-def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -> ValidationReport:
+def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net64: Any,
+          half_net: Any) -> list[dict[str, Any]]:
+    """Every validation input through eager float32, the float64 copy, eager fp16 (when asked) and
+    the artifact."""
+    family = model.family
+    dtype = next(model.net.parameters()).dtype
+    runs = []
+    for picks, x in _progress(batches, "validating"):
+        x_ref = x.to(model.device, dtype)
+        with torch.inference_mode():
+            eager = family.named_outputs(model.net(x_ref))
+            e64 = as_float64(family.named_outputs(net64(x.double().cpu())))
+            ref = eager if reference.nms is None else dict(zip(
+                reference.output_names(), reference.nms(eager[family.export.nms_input], x_ref), strict=True))
+            e16 = None
+            if half_net is not None:
+                e16 = family.named_outputs(half_net(x.to(model.device, torch.float16)))
+                e16 = {k: v.float() for k, v in e16.items()}
+        got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
+        runs.append({"picks": picks, "x": x, "eager": eager, "e64": e64, "e16": e16, "ref": ref, "got": got})
+    return runs
+
+
+def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...]) -> tuple[dict, dict | None]:
+    """The eager model's float32 drift from float64 and (fp16 runs) its fp16 drift from float32, per
+    group, after pairing set-prediction rows that a near-tie reordered between the two runs."""
+    def paired(a: dict, ref: dict) -> dict:
+        if not row_sets:
+            return a
+        allowed = {}
+        for g in groups:
+            if g.output in ref:
+                t = allowed.setdefault(g.output, torch.full(ref[g.output].shape, math.inf, dtype=torch.float64))
+                g.view(t).copy_(ALIGN_RELATIVE * g.scale(ref[g.output].double().cpu()))
+        return align_row_sets(ref, a, row_sets, allowed=allowed)[0]
+
+    for run in runs:
+        run["eager_aligned"] = paired(run["eager"], run["e64"])
+    d32 = drift(groups, [(r["eager_aligned"], r["e64"]) for r in runs])
+    d16 = None
+    if all(r["e16"] is not None for r in runs):
+        d16 = drift(groups, [(paired(r["e16"], as_float64(r["eager"])), as_float64(r["eager"])) for r in runs])
+    return d32, d16
+
+
+def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, runtime: Any = None) -> ValidationReport:
     start = time.perf_counter()
     family = model.family
-    runtime = importlib.import_module(f"libreyolo.runtimes.{exporter.runtime}").load(path, device=opts.device)
+    contract = family.export
+    if runtime is None:
+        runtime = importlib.import_module(f"libreyolo.runtimes.{exporter.runtime}").load(path, device=opts.device)
     reference = ExportModule(model.net, family, opts.nms, nc=model.nc)
-    atol, rtol, min_cos = family.export.thresholds(exporter.name, opts.precision, opts.device.type)
+    min_cos = contract.cosine_floor(exporter.name, opts.precision, opts.device.type)
     iou_min = 0.99 if opts.precision == "fp32" else 0.9
     nms = opts.nms
     conf = max(VALIDATION_CONF, nms["conf"]) if nms else VALIDATION_CONF
     iou, max_det = (nms["iou"], nms["max_det"]) if nms else (0.45, 300)
     report = ValidationReport("passed", runtime=runtime.describe())
     # how decoded predictions are compared is the family's declaration (detections, classes, ...)
-    module_name, _, attr = family.export.decoded_match.partition(":")
+    module_name, _, attr = contract.decoded_match.partition(":")
     match_decoded = getattr(importlib.import_module(module_name), attr)
 
     sample, sample_metas = sample_batch(family, opts.imgsz)
@@ -334,57 +308,77 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -
             h = max(2 * family.stride, opts.imgsz - 2 * family.stride)
             batches.append(([f"{h}x{opts.imgsz}"], probe_images(opts.imgsz, height=h, seed=1)["uniform"]))
 
+    try:
+        net64 = float64_copy(model.net)
+        with torch.inference_mode():
+            net64(sample.double())
+    except Exception as exc:  # an op without float64 support: no measured reference, no verdict
+        return ValidationReport.not_run(f"the float64 reference of the eager model cannot run "
+                                        f"({type(exc).__name__}: {exc}); the tolerances come from it")
+    half_net = _half_copy(model.net) if opts.precision == "fp16" and not nms else None
+    try:
+        runs = _runs(model, runtime, reference, batches, net64, half_net)
+    except RuntimeError as exc:
+        if half_net is None or "Half" not in str(exc):
+            raise
+        report.notes.append(f"the eager model cannot run in fp16 on {model.device} ({exc}); its fp16 drift "
+                            "was measured on the CPU")
+        half_net = half_net.cpu()
+        runs = _runs(_OnCpu(model), runtime, reference, batches, net64, half_net)
+    groups = groups_for(contract.groups, runs[0]["eager"])
+    d32, d16 = _drifts(groups, runs, contract.row_sets)
+    report.drift = {"float32": d32, **({"fp16": d16} if d16 is not None else {})}
+
     capped = 0
     art_sample = None
-    half_net = _half_copy(model.net) if opts.precision == "fp16" and not nms else None
-    largest_drift = 0.0
-    for picks, x in _progress(batches, f"validating {exporter.name}"):
+    score_tol = FLOOR
+    for run in runs:
+        picks, x, got = run["picks"], run["x"], run["got"]
         name = "+".join(dict.fromkeys(picks)) + (f" (batch {len(picks)})" if len(picks) > 1 else "")
-        x_ref = x.to(model.device, next(model.net.parameters()).dtype)
-        with torch.inference_mode():
-            eager_named = family.named_outputs(model.net(x_ref))
-            ref = eager_named if reference.nms is None else dict(zip(
-                reference.output_names(), reference.nms(eager_named[family.export.nms_input], x_ref), strict=True))
-        got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
+        allowed = allowance(groups, run["e64"], d32, d16)
+        score_tol = max(score_tol, score_tolerance(groups, allowed))
         if nms is None:
-            compared, moved = align_row_sets(ref, got, family.export.row_sets, atol, rtol)
+            compared, moved = align_row_sets(run["e64"], got, contract.row_sets, allowed=allowed)
             if moved:
                 report.notes.append(f"{name}: {moved} query row(s) traded places with a near-tied one (set "
-                                    f"prediction; at most {family.export.max_moved_rows} allowed)")
-                if moved > family.export.max_moved_rows:
-                    report.checks.append({"probe": name, "output": "+".join(family.export.row_sets),
-                                          "max_abs_error": float("inf"), "allowed": atol, "cosine": 0.0,
-                                          "passed": False, "shape": f"{moved} rows out of order"})
-            drift = {}
-            if half_net is not None:
-                try:
-                    drift = fp16_drift(model, family, x, ref, half_net)
-                except Exception as exc:  # an op without fp16 support on this device: fixed thresholds only
-                    report.notes.append(f"the eager model's fp16 drift could not be measured ({type(exc).__name__}); "
-                                        "the fixed fp16 thresholds apply")
-                    half_net = None
-                largest_drift = max([largest_drift, *drift.values()])
-            for out_name, ref_t in ref.items():
-                check = compare_outputs(ref_t, compared[out_name], atol, rtol, min_cos,
-                                        drift=FP16_DRIFT_FACTOR * drift.get(out_name, 0.0))
-                report.checks.append({"probe": name, "output": out_name, **check})
+                                    f"prediction; at most {contract.max_moved_rows} allowed)")
+                if moved > contract.max_moved_rows:
+                    report.checks.append({"probe": name, "output": "+".join(contract.row_sets), "group": "rows",
+                                          "max_abs_error": math.inf, "ratio": math.inf, "allowed": 0.0,
+                                          "cosine": 0.0, "passed": False, "shape": f"{moved} rows out of order"})
+            for g in groups:
+                if g.output not in got:
+                    report.checks.append({"probe": name, "output": g.output, "group": g.key, "ratio": math.inf,
+                                          "max_abs_error": math.inf, "allowed": 0.0, "cosine": 0.0,
+                                          "passed": False, "shape": "missing from the artifact's outputs"})
+                    continue
+                out, view = g.output, g.view
+                gap = FLOAT32_MULTIPLE * (1.0 - _cosine(view(run["eager_aligned"][out]), view(run["e64"][out])))
+                if run["e16"] is not None:
+                    gap += FP16_DRIFT_FACTOR * (1.0 - _cosine(view(run["e16"][out]), view(run["eager"][out])))
+                check = compare_group(g, run["eager_aligned"][g.output], run["e64"][g.output], compared[g.output],
+                                      allowed[g.output], min_cos, gap)
+                report.checks.append({"probe": name, "output": g.output, **check})
         # decoded: eager postprocessing of eager outputs against the artifact's own decoder
         plain = LetterboxMeta((x.shape[2], x.shape[3]), 1.0, (0.0, 0.0))
         metas = [sample_metas[0] if p == "sample" else plain for p in picks]
+        eager_named = run["eager"]
         eager = family.postprocess(eager_named, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
         art = runtime.family.postprocess(got, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
         if nms:
-            over = (eager_named[family.export.nms_input][:, 4:] > conf).flatten(1).sum(1)
+            over = (eager_named[contract.nms_input][:, 4:] > conf).flatten(1).sum(1)
             if bool((over > nms["topk"]).any()):
-                within_topk = runtime.family.postprocess(ref, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+                within_topk = runtime.family.postprocess(run["ref"], metas, conf=conf, iou=iou, max_det=max_det,
+                                                         classes=None)
                 eager = [t if bool(o > nms["topk"]) else e for e, t, o in zip(eager, within_topk, over, strict=True)]
                 capped += int((over > nms["topk"]).sum())
         for k, (e, a) in enumerate(zip(eager, art, strict=True)):
-            m = match_decoded(e, a, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
+            m = match_decoded(e, a, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=score_tol, nms_iou=iou)
             report.detections.append({"probe": picks[k] + (f" (batch {len(picks)})" if len(picks) > 1 else ""), **m})
         if art_sample is None and picks[0] == "sample":
             art_sample = art[0]
 
+    _check_preprocessing(model, runtime, opts, report)
     # the sample image through the artifact's complete predict(); the eager side is the same
     # letterbox + network + postprocess that eager predict() runs, computed above
     from libreyolo.assets import SAMPLE_IMAGE
@@ -392,8 +386,12 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -
     if art_sample is not None:
         r = runtime.predict(SAMPLE_IMAGE, imgsz=opts.imgsz, conf=conf, iou=iou, max_det=max_det)
         got = decoded_predictions(family.task, r)
-        m = match_decoded(art_sample, got, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=atol, nms_iou=iou)
+        m = match_decoded(art_sample, got, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=score_tol,
+                          nms_iou=iou)
         report.detections.append({"probe": "predict(sample) vs artifact decode", **m})
+    report.notes.append(f"raw outputs may be {FLOAT32_MULTIPLE:g}x as far from a float64 copy of the eager model as "
+                        "the eager float32 model is (per output group, plus a floor of "
+                        f"{FLOOR:.2g} of the element's scale); scores compared within {score_tol:.3g}")
     if nms:
         report.notes.append("embedded NMS outputs are compared as detection sets (rows of tied scores may swap)")
     if capped:
@@ -402,11 +400,38 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions) -
             "the embedded NMS is exact for the top-k candidates only, so those inputs were compared with eager "
             "greedy NMS over the same top-k candidates (see docs/export.md, embedded NMS limits)")
     if opts.precision == "fp16":
-        report.notes.append("fp16 artifact compared with the float32 eager model at the fp16 thresholds")
-        if half_net is not None:
+        report.notes.append("fp16 artifact compared with a float64 copy of the eager model")
+        if d16 is not None:
             report.notes.append(f"raw outputs may also differ by {FP16_DRIFT_FACTOR:g}x the eager model's own fp16 "
-                                f"drift from fp32 on each probe (largest drift: {largest_drift:.3g})")
+                                f"drift from fp32 (largest, relative to scale: {max(d16.values(), default=0):.3g})")
     if not all(c["passed"] for c in report.checks) or not all(d["passed"] for d in report.detections):
         report.status = "failed"
     report.seconds = time.perf_counter() - start
     return report
+
+
+class _OnCpu:
+    """The eager model's float32 network seen on the CPU (for an fp16 drift measured there)."""
+
+    def __init__(self, model: Any) -> None:
+        self.family, self.device = model.family, torch.device("cpu")
+        self.net = model.net if model.device.type == "cpu" else __import__("copy").deepcopy(model.net).cpu()
+
+
+def _check_preprocessing(model: Any, runtime: Any, opts: ExportOptions, report: ValidationReport) -> None:
+    """The artifact's preprocessing (rebuilt from its metadata) must give the eager model's input
+    tensor for the sample image bit for bit: a changed pad value, colour order or normalisation
+    in the metadata would otherwise only show as slightly different detections."""
+    from libreyolo.assets import SAMPLE_IMAGE
+    from libreyolo.data.sources import load_sources
+
+    image = [load_sources(SAMPLE_IMAGE)[0].data]
+    ours, _ = model.family.letterbox(opts.imgsz)(image)
+    theirs, _ = runtime.family.letterbox(opts.imgsz)(image)
+    same = tuple(ours.shape) == tuple(theirs.shape) and torch.equal(ours.float().cpu(), theirs.float().cpu())
+    diff = float((ours.float().cpu() - theirs.float().cpu()).abs().max()) if ours.shape == theirs.shape else math.inf
+    report.checks.append({"probe": "sample", "output": "preprocessing", "group": "input", "kind": "input",
+                          "max_abs_error": diff, "ratio": 0.0 if same else math.inf, "allowed": 0.0,
+                          "cosine": 1.0 if same else 0.0, "passed": same,
+                          **({} if same else {"shape": "the artifact's preprocessing (from its metadata) does not give "
+                                                       "the eager model's input tensor"})})

@@ -1,0 +1,162 @@
+"""The tolerance model of export validation: allowances measured against float64, per output group.
+
+An artifact is another float32 (or float16) program for the same network: it rounds differently
+from the eager model, and how much that matters depends on the network and on the input (a
+trained or high-gain network amplifies rounding; a box corner that is the difference of two
+large numbers loses digits). No fixed threshold fits every model, so the allowance is measured:
+
+1. The eager network runs in float32 (as exported) and, as a float64 copy on the CPU, on the
+   same inputs. The float64 result is the reference: as good as exact at float32 precision.
+2. Each output is split into the *groups* the family declares in its export contract
+   (:class:`OutputGroup`: box coordinates, scores, logits, per-pixel maps, images). Each group has
+   a *scale* per element: a box's own extent (its largest coordinate magnitude, so that
+   ``x1 = cx - w/2`` is judged by the size of its operands, not by its possibly tiny value),
+   1 for bounded values (scores, probabilities, image pixels), the per-sample RMS of the group
+   for unbounded ones (logits, maps).
+3. The eager model's *float32 drift* of a group is the largest ``|eager32 - float64| / scale``
+   over its elements on all validation inputs.
+4. Every element of an artifact's output may then be ``(FLOAT32_MULTIPLE * drift + FLOOR) * scale``
+   away from float64: the artifact must be at most ``FLOAT32_MULTIPLE`` times as far from the
+   exact result as the eager model itself is. fp16 artifacts may add ``FP16_DRIFT_FACTOR`` times
+   the eager model's own fp16 drift (``|eager16 - eager32| / scale``) of the group.
+
+The constants are measured (docs/export.md, "Tolerance model"): between two correct float32
+programs (eager, ONNX Runtime, ExecuTorch/XNNPACK) the ratio of their float64 errors stayed
+below the multiple on every family, seed and gain of the mutation suite, while every mutation
+of that suite (a conv scaled by 1.01, two head channels swapped, fp16-rounded weights, channel
+order swapped) lands orders of magnitude beyond it.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# how many times the eager model's own float32 error (against float64) an artifact may have
+FLOAT32_MULTIPLE = 8.0
+# relative floor (of the element's scale): 8 float32 ulps, for groups the eager model happens to
+# compute (almost) exactly on the probes
+FLOOR = 8 * 2.0 ** -24
+# fp16 artifacts: this times the eager model's own fp16 drift from fp32, on top of the fp32 part
+FP16_DRIFT_FACTOR = 4.0
+# rows of set predictions (DETR queries) are paired between two runs of one network when they
+# match within this relative allowance; pairing only permutes rows, the real bar then judges them
+ALIGN_RELATIVE = 1e-3
+
+_SCALES = {"box": "extent", "score": "unit", "image": "unit", "logit": "rms", "map": "rms"}
+
+
+@dataclass(frozen=True)
+class OutputGroup:
+    """A slice of one output that shares a unit: ``output[..., start:stop, ...]`` along ``axis``.
+
+    ``kind``: ``box`` (4 coordinates along ``axis``; scale: the box's largest coordinate
+    magnitude), ``score`` / ``image`` (bounded values; scale 1), ``logit`` / ``map`` (unbounded;
+    scale: the per-sample RMS of the group).
+    """
+
+    output: str
+    kind: str
+    axis: int = 1
+    start: int = 0
+    stop: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _SCALES:
+            raise ValueError(f"unknown output group kind {self.kind!r}; one of {', '.join(_SCALES)}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.output}/{self.kind}"
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        axis = self.axis % t.dim()
+        stop = t.shape[axis] if self.stop is None else min(self.stop, t.shape[axis])
+        return t.narrow(axis, self.start, max(0, stop - self.start))
+
+    def scale(self, ref: torch.Tensor) -> torch.Tensor:
+        """Per-element scale of this group's view of ``ref`` (float64), the shape of the view."""
+        v = self.view(ref).double().abs()
+        how = _SCALES[self.kind]
+        if how == "unit" or not v.numel():
+            return torch.ones_like(v)
+        if how == "extent":
+            s = v.amax(self.axis % v.dim(), keepdim=True).expand_as(v)
+        else:  # per-sample RMS over everything but the batch axis
+            dims = tuple(range(1, v.dim()))
+            s = v.pow(2).mean(dims, keepdim=True).sqrt().expand_as(v) if dims else v
+        top = float(s.max())
+        return s.clamp_min(top * 1e-6 if top > 0 else 1.0)
+
+
+def groups_for(declared: tuple[OutputGroup, ...], outputs: dict[str, torch.Tensor]) -> list[OutputGroup]:
+    """The declared groups of these outputs, plus one ``logit`` group for any floating output that
+    no group declares (so nothing goes unchecked)."""
+    groups = [g for g in declared if g.output in outputs]
+    covered = {g.output for g in groups}
+    return groups + [OutputGroup(name, "logit", axis=0) for name, t in outputs.items()
+                     if name not in covered and t.is_floating_point()]
+
+
+def normalised_error(group: OutputGroup, a: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
+    """``|a - ref64| / scale`` over the group's view (float64)."""
+    ref64 = ref64.double().cpu()
+    return (group.view(a).double().cpu() - group.view(ref64)).abs() / group.scale(ref64)
+
+
+def drift(groups: list[OutputGroup], runs: list[tuple[dict, dict]]) -> dict[str, float]:
+    """Largest normalised error of each group over ``runs`` = [(outputs, float64 outputs), ...]."""
+    out: dict[str, float] = {}
+    for g in groups:
+        worst = 0.0
+        for got, ref in runs:
+            if g.output in got and g.output in ref and tuple(got[g.output].shape) == tuple(ref[g.output].shape):
+                e = normalised_error(g, got[g.output], ref[g.output])
+                e = e[torch.isfinite(e)]
+                if e.numel():
+                    worst = max(worst, float(e.max()))
+        out[g.key] = worst
+    return out
+
+
+def allowance(groups: list[OutputGroup], ref64: dict[str, torch.Tensor], drift32: dict[str, float],
+              drift16: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+    """Per-element allowance of every output (float64, CPU), from the groups' measured drifts."""
+    allowed: dict[str, torch.Tensor] = {}
+    for g in groups:
+        ref = ref64.get(g.output)
+        if ref is None:
+            continue
+        if g.output not in allowed:
+            allowed[g.output] = torch.full(ref.shape, math.inf, dtype=torch.float64)
+        factor = FLOAT32_MULTIPLE * drift32.get(g.key, 0.0) + FLOOR
+        if drift16:
+            factor += FP16_DRIFT_FACTOR * drift16.get(g.key, 0.0)
+        g.view(allowed[g.output]).copy_(factor * g.scale(ref.double().cpu()))
+    return allowed
+
+
+def score_tolerance(groups: list[OutputGroup], allowed: dict[str, torch.Tensor]) -> float:
+    """How far a decoded score may move, from the score-like groups' allowances: scores and
+    probabilities directly; logits through a sigmoid or softmax, whose slope is at most 1/2."""
+    tol = FLOOR
+    for g in groups:
+        if g.output not in allowed or g.kind not in ("score", "logit"):
+            continue
+        a = g.view(allowed[g.output])
+        a = a[torch.isfinite(a)]
+        if a.numel():
+            tol = max(tol, float(a.max()) * (1.0 if g.kind == "score" else 0.5))
+    return tol
+
+
+def float64_copy(net: torch.nn.Module) -> torch.nn.Module:
+    """A float64 CPU copy of ``net`` (the float32 master stays untouched)."""
+    return copy.deepcopy(net).cpu().double().eval()
+
+
+def as_float64(outputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().double().cpu() for k, v in outputs.items() if isinstance(v, torch.Tensor)}
