@@ -1,19 +1,126 @@
-"""Validation tolerances: per format, device and precision; float32 compared with TF32 off on CUDA."""
+"""The tolerance model: allowances measured against float64 per output group; fp16 drift on top;
+float32 compared with TF32 off on CUDA."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
+from libreyolo.utils.tolerance import (
+    FLOAT32_MULTIPLE,
+    FLOOR,
+    FP16_DRIFT_FACTOR,
+    OutputGroup,
+    allowance,
+    drift,
+    groups_for,
+    score_tolerance,
+)
 
-def test_thresholds_pick_the_most_specific_key_format_device_precision():
+BOX = OutputGroup("predictions", "box", axis=1, start=0, stop=4)
+SCORE = OutputGroup("predictions", "score", axis=1, start=4)
+
+
+def test_cosine_floor_picks_the_most_specific_key_format_device_precision():
     from libreyolo.models.base import ExportContract
 
-    c = ExportContract(tolerances={"fp32": 1e-4, "onnx:fp32": 2e-4, "fp16": 5e-2},
-                       rtol={"fp32": 1e-6, "aoti:cuda:fp32": 1e-5, "fp16": 1e-2})
-    assert c.thresholds("aoti", "fp32", "cuda")[:2] == (1e-4, 1e-5)
-    assert c.thresholds("aoti", "fp32", "cpu")[:2] == (1e-4, 1e-6)
-    assert c.thresholds("onnx", "fp32")[:2] == (2e-4, 1e-6)
-    assert c.thresholds("onnx", "fp16", "cuda")[:2] == (5e-2, 1e-2)
+    c = ExportContract(min_cosine={"fp32": 0.99999, "onnx:fp32": 0.9999, "aoti:cuda:fp32": 0.999, "fp16": 0.99})
+    assert c.cosine_floor("aoti", "fp32", "cuda") == 0.999
+    assert c.cosine_floor("aoti", "fp32", "cpu") == 0.99999
+    assert c.cosine_floor("onnx", "fp32") == 0.9999
+    assert c.cosine_floor("onnx", "fp16", "cuda") == 0.99
+
+
+def test_a_box_coordinate_is_scaled_by_the_boxs_extent_not_by_its_own_value():
+    """x1 = cx - w/2 of a 726 px wide box centred at 363.26 is 0.26: its rounding error is that of
+    its ~363 px operands, so its allowance must be too."""
+    ref = torch.tensor([[[0.26], [10.0], [726.26], [50.0], [1e-3]]], dtype=torch.float64)
+    scale = BOX.scale(ref)
+    assert torch.allclose(scale, torch.full((1, 4, 1), 726.26, dtype=torch.float64))
+    assert float(SCORE.scale(ref).max()) == 1.0
+
+
+def test_allowance_is_the_declared_multiple_of_the_measured_drift_plus_a_floor():
+    ref = torch.tensor([[[100.0, 5.0], [0.0, 1.0], [200.0, 9.0], [20.0, 3.0], [0.5, 0.25]]], dtype=torch.float64)
+    eager = ref.clone()
+    eager[0, 2, 0] += 0.01   # box 0: 0.01 px at extent 200 -> 5e-5 relative
+    eager[0, 4, 1] += 1e-6   # a score
+    d = drift([BOX, SCORE], [({"predictions": eager}, {"predictions": ref})])
+    assert d["predictions/box"] == pytest.approx(0.01 / 200)
+    assert d["predictions/score"] == pytest.approx(1e-6, rel=1e-6)
+    allowed = allowance([BOX, SCORE], {"predictions": ref}, d)["predictions"]
+    assert float(allowed[0, 0, 0]) == pytest.approx((FLOAT32_MULTIPLE * 5e-5 + FLOOR) * 200)
+    assert float(allowed[0, 0, 1]) == pytest.approx((FLOAT32_MULTIPLE * 5e-5 + FLOOR) * 9)  # box 1: extent 9
+    assert float(allowed[0, 4, 0]) == pytest.approx(FLOAT32_MULTIPLE * 1e-6 + FLOOR)
+    with_fp16 = allowance([BOX, SCORE], {"predictions": ref}, d, {"predictions/box": 1e-3})["predictions"]
+    assert float(with_fp16[0, 0, 0] - allowed[0, 0, 0]) == pytest.approx(FP16_DRIFT_FACTOR * 1e-3 * 200)
+    assert score_tolerance([BOX, SCORE], {"predictions": allowed}) == pytest.approx(FLOAT32_MULTIPLE * 1e-6 + FLOOR)
+
+
+def test_drift_ignores_non_finite_differences_so_an_fp16_overflow_widens_nothing():
+    ref = torch.ones(1, 5, 3, dtype=torch.float64)
+    half = ref.clone()
+    half[0, 0, 0] = math.inf
+    assert drift([BOX, SCORE], [({"predictions": half}, {"predictions": ref})])["predictions/box"] == 0.0
+
+
+def test_an_output_no_group_declares_is_still_judged_as_one_logit_group():
+    groups = groups_for((BOX,), {"predictions": torch.zeros(1, 5, 2), "extra": torch.ones(1, 3)})
+    assert [g.key for g in groups] == ["predictions/box", "extra/logit"]
+
+
+def test_compare_group_names_the_element_that_fails_with_its_three_values():
+    from libreyolo.export.validate import compare_group
+
+    ref = torch.tensor([[[100.0], [0.0], [300.0], [20.0], [0.5]]], dtype=torch.float64)
+    eager = ref.float()
+    allowed = allowance([BOX, SCORE], {"predictions": ref}, {"predictions/box": 1e-6, "predictions/score": 1e-6})
+    art = eager.clone()
+    assert compare_group(BOX, eager, ref, art, allowed["predictions"], 0.99999)["passed"]
+    art[0, 2, 0] += 0.05  # x2 moved 0.05 px at extent 300: 1.7e-4 relative, far past 8e-6
+    check = compare_group(BOX, eager, ref, art, allowed["predictions"], 0.99999)
+    assert not check["passed"] and check["index"] == [0, 2, 0] and check["ratio"] > 10
+    assert check["float64"] == 300.0 and check["artifact"] == pytest.approx(300.05)
+    nan = eager.clone()
+    nan[0, 4, 0] = math.nan
+    assert not compare_group(SCORE, eager, ref, nan, allowed["predictions"], 0.99999)["passed"]
+
+
+def test_the_cosine_bar_still_catches_values_scrambled_within_a_huge_allowance():
+    from libreyolo.export.validate import compare_group
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.rand(1, 5, 50, generator=g, dtype=torch.float64) * 100
+    huge = torch.full_like(ref, 50.0)  # element-wise, almost anything passes
+    scrambled = ref.flip(2).float()
+    assert not compare_group(BOX, ref.float(), ref, scrambled, huge, 0.99999)["passed"]
+
+
+def test_fp16_drift_is_measured_per_group_on_the_demo_detector():
+    """The demo detector's eager fp16 output moves boxes by about a pixel: its fp16 drift widens the
+    box allowance accordingly, while an artifact farther off than that still fails."""
+    from libreyolo import LibreYOLO
+    from libreyolo.assets import DEMO_MODEL
+    from libreyolo.export.validate import _half_copy, compare_group, probe_images
+
+    model = LibreYOLO(DEMO_MODEL)
+    x = probe_images(160)["ramps"]
+    with torch.inference_mode():
+        e32 = model.family.named_outputs(model.net(x))["predictions"]
+        e64 = model.family.named_outputs(model.net.double()(x.double()))["predictions"]
+        model.net.float()
+        e16 = model.family.named_outputs(_half_copy(model.net)(x.half()))["predictions"].float()
+    d32 = drift([BOX, SCORE], [({"predictions": e32}, {"predictions": e64})])
+    d16 = drift([BOX, SCORE], [({"predictions": e16}, {"predictions": e32.double()})])
+    assert d16["predictions/box"] > 100 * d32["predictions/box"] > 0
+    allowed = allowance([BOX, SCORE], {"predictions": e64}, d32, d16)["predictions"]
+    assert compare_group(BOX, e32, e64, e16, allowed, 0.999)["passed"]
+    assert not compare_group(BOX, e32, e64, e16, allowance([BOX, SCORE], {"predictions": e64}, d32)["predictions"],
+                             0.999)["passed"]
+    off = e16.clone()
+    off[0, :4] += 2 * allowed[0, :4].float()
+    assert not compare_group(BOX, e32, e64, off, allowed, 0.999)["passed"]
 
 
 def test_exact_float32_turns_tf32_off_only_for_cuda_and_restores_the_flags():
@@ -31,49 +138,3 @@ def test_exact_float32_turns_tf32_off_only_for_cuda_and_restores_the_flags():
         assert cudnn.allow_tf32 and mm.allow_tf32
     finally:
         cudnn.allow_tf32, mm.allow_tf32 = saved
-
-
-def test_fp16_allowance_adds_twice_the_eager_models_own_fp16_drift():
-    """The demo detector's eager fp16 output moves boxes past the fixed fp16 allowance; an artifact
-    as far off as twice that drift passes, one farther fails, and the cosine bar still applies."""
-    from libreyolo import LibreYOLO
-    from libreyolo.assets import DEMO_MODEL
-    from libreyolo.export.validate import FP16_DRIFT_FACTOR, _half_copy, compare_outputs, fp16_drift, probe_images
-
-    model = LibreYOLO(DEMO_MODEL)
-    x = probe_images(160)["ramps"]
-    with torch.inference_mode():
-        ref = model.family.named_outputs(model.net(x))
-    drift = fp16_drift(model, model.family, x, ref, _half_copy(model.net))
-    pred = ref["predictions"]
-    assert 0 < drift["predictions"] < 10, drift
-    with torch.inference_mode():
-        eager16 = model.family.named_outputs(_half_copy(model.net)(x.half()))["predictions"].float()
-    atol, rtol, cos = 5e-2, 1e-2, 0.999
-    allowance = FP16_DRIFT_FACTOR * drift["predictions"]
-    assert compare_outputs(pred, eager16, atol, rtol, cos, drift=allowance)["passed"]
-    off = pred.clone()
-    i = int(pred[0, :4].abs().argmin())  # a box row element: a small value, so rtol adds nothing
-    off[0, i // pred.shape[2], i % pred.shape[2]] += atol + allowance * 0.9
-    assert compare_outputs(pred, off, atol, rtol, cos, drift=allowance)["passed"]
-    off[0, i // pred.shape[2], i % pred.shape[2]] += allowance * 0.2 + 2 * rtol * float(pred.abs().max())
-    assert not compare_outputs(pred, off, atol, rtol, cos, drift=allowance)["passed"]
-    assert not compare_outputs(pred, off, atol, rtol, cos)["passed"]  # no drift: the fixed thresholds
-    scrambled = pred.flip(2)  # within a large allowance element-wise, but another output: cosine fails
-    assert not compare_outputs(pred, scrambled, atol, rtol, cos, drift=1e9)["passed"]
-
-
-def test_fp16_drift_ignores_outputs_that_overflow_in_fp16():
-    from libreyolo.export.validate import fp16_drift
-
-    class Fam:
-        @staticmethod
-        def named_outputs(out):
-            return {"a": out * 1e5, "b": out}  # 1e5 overflows float16 (max 65504)
-
-    class M:
-        device = torch.device("cpu")
-
-    x = torch.ones(1, 4)
-    drift = fp16_drift(M(), Fam(), x, {"a": x * 1e5, "b": x + 0.01}, lambda t: t)
-    assert set(drift) == {"b"} and abs(drift["b"] - 0.01) < 1e-3

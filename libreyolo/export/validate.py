@@ -131,7 +131,8 @@ def compare_group(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, 
     within ``allowed`` (:func:`libreyolo.utils.tolerance.allowance`), and by cosine.
 
     The cosine bar is ``min_cosine``, lowered to ``1 - cosine_gap`` where the eager model's own drift
-    needs it. The result names the element nearest to (or furthest past) its allowance, with the
+    needs it, and not applied to a group whose values all lie within their allowance of zero (e.g.
+    scores of 1e-9, which one runtime's sigmoid flushes to 0). The result names the element nearest to (or furthest past) its allowance, with the
     eager, artifact and float64 values there."""
     if tuple(got.shape) != tuple(ref64.shape):
         return {"group": group.key, "kind": group.kind, "max_abs_error": math.inf, "float64_error": math.inf,
@@ -147,6 +148,8 @@ def compare_group(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, 
     ratio = torch.where(torch.isfinite(err), err / a, torch.full_like(err, math.inf))
     cos = _cosine(r, g)
     bar = min(min_cosine, 1.0 - cosine_gap)
+    if float(r.norm()) <= float(a[torch.isfinite(a)].norm()):
+        bar = -1.0  # the whole signal lies within its allowance: its direction is noise, not a check
     out: dict[str, Any] = {"group": group.key, "kind": group.kind, "cosine": cos, "min_cosine": bar}
     if not err.numel():
         return {**out, "max_abs_error": 0.0, "float64_error": 0.0, "eager_float64_error": 0.0, "ratio": 0.0,
