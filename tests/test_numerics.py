@@ -11,7 +11,7 @@ from torch import nn
 from libreyolo.engine.inference import CopyKey, build_copy
 from libreyolo.kernels.attention import attention
 from libreyolo.layers.conv import ConvBNAct
-from tests.numerics import FLOOR, NOISE_MULTIPLE, float32_bar, float64_run, relative_error, scales
+from tests.numerics import FLOOR, MAX_NOISE, NOISE_MULTIPLE, float32_bar, float64_run, relative_error, scales
 
 
 def _seeded_convs() -> nn.Module:
@@ -81,3 +81,10 @@ def test_the_allowance_is_the_declared_multiple_of_the_measured_noise_plus_the_f
     for fraction, ok in ((0.9, True), (1.1, False)):
         candidate = exact.float() + torch.tensor([fraction * 4 * allowed, 0.0, 0.0])
         assert float32_bar(candidate, baseline, exact).ok is ok, fraction
+
+
+def test_a_baseline_that_computes_something_else_is_not_taken_as_noise():
+    exact = torch.linspace(1, 2, 5, dtype=torch.float64)
+    other = exact.float() * (1 + 4 * MAX_NOISE)
+    bar = float32_bar(other, other, exact)
+    assert bar.error == bar.noise and not bar.ok and "not float32 noise" in str(bar)
