@@ -17,6 +17,7 @@ from libreyolo.engine.inference import build_copy, conv_bn_pairs, fold_conv_bn
 from libreyolo.errors import ArgumentError
 from libreyolo.graphs.parity import seeded_model
 from libreyolo.layers.conv import ConvBNAct
+from tests.numerics import float32_bar, float64_run
 
 IMGSZ = 96
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the lent H200)")
@@ -124,7 +125,12 @@ def test_each_dtype_gets_its_own_copy_and_float32_keeps_its_numbers(model):
     assert a.dtype == torch.float32 and b.dtype == torch.float64
     assert sorted(str(c.key.dtype) for c in model._copies().live()) == ["torch.float32", "torch.float64"]
     assert torch.equal(model._forward(x)["predictions"], a)  # the fp32 path did not change
-    assert torch.allclose(a.double(), b, rtol=1e-5, atol=1e-3)
+    with torch.inference_mode():
+        master = model.family.named_outputs(model.net(x))["predictions"]
+    exact = model.family.named_outputs(float64_run(model.net, x))["predictions"]
+    for out in (a, b):  # each copy is as close to the float64 master as the fp32 master is
+        bar = float32_bar(out, master, exact, box_dim=1)
+        assert bar.ok, (out.dtype, bar)
 
 
 # --- invalidation ---------------------------------------------------------------------------------
@@ -168,7 +174,9 @@ def test_inference_options_switch_folding_off_for_the_exact_master_arithmetic(mo
     assert torch.equal(model._forward(x)["predictions"], master)  # unfolded: bit-for-bit the master
     model.inference_options(fold_bn=True)
     folded = model._forward(x)["predictions"]
-    assert torch.allclose(folded, master, rtol=1e-5, atol=1e-4)
+    exact = model.family.named_outputs(float64_run(model.net, x))["predictions"]
+    bar = float32_bar(folded, master, exact, box_dim=1)  # folded: as close to float64 as the master
+    assert bar.ok, bar
     with pytest.raises(ArgumentError):
         model.inference_options(fold_bn="yes")
     with pytest.raises(ArgumentError):
@@ -231,11 +239,15 @@ def test_channels_last_copies_on_request():
 
 
 # --- folding against the compatibility bar (numbers quoted in docs/inference.md) ----------------
-FOLD_ULPS = 4  # measured: 1 to 2 ulps of the largest box coordinates, depending on the CPU
-def test_folded_copy_meets_the_compat_bar_and_matches_unfolded_detections(compat_dir, compat_fill):
+def test_folded_copy_is_as_close_to_the_float64_model_as_the_unfolded_and_matches_its_detections(
+        compat_dir, compat_fill):
+    """Folding Conv-BN changes float32 rounding, by an amount that depends on the CPU. The bar is
+    measured (tests/numerics.py): the folded and the unfolded copy, and the reference library's
+    recorded outputs, are each compared with the unfolded model run in float64; the folded copy and
+    the recording may be off by NOISE_MULTIPLE times the unfolded copy's own error. Detection sets
+    on the sample image must match exactly."""
     from tests.compat_utils import (
         MIN_SET_MATCH,
-        RAW_ATOL,
         fixtures,
         flatten_outputs,
         model_from_fixture,
@@ -251,25 +263,22 @@ def test_folded_copy_meets_the_compat_bar_and_matches_unfolded_detections(compat
         recorded = np.load(d / "probes.npz")
         folded = model.inference_module("cpu", torch.float32)
         assert model.inference_copy().folded == len(conv_bn_pairs(model.net)) > 0
-        worst_vs_unfolded, worst_vs_recorded, worst_excess = 0.0, 0.0, 0.0
+        bars, worst_vs_unfolded = {}, 0.0
         for name, x in compat_fill.probes(s["probe_size"], s["seed"]).items():
             with torch.inference_mode():
                 plain, fused = flatten_outputs(model.net(x)), flatten_outputs(folded(x))
+            exact = flatten_outputs(float64_run(model.net, x))
             for key in (k for k in recorded if k.startswith(f"output.{name}.")):
                 path = key[len(f"output.{name}."):]
-                ref = recorded[key].astype(np.float32)
-                # folding rounds differently: the bar is RAW_ATOL or FOLD_ULPS float32 ulps of the value,
-                # whichever is larger (box coordinates reach 547 px, where one ulp is 6.1e-5)
-                allowed = np.maximum(RAW_ATOL, FOLD_ULPS * np.spacing(np.abs(ref)))
-                for other in (ref, plain[path].numpy()):
-                    diff = np.abs(fused[path].numpy() - other)
-                    worst_excess = max(worst_excess, float((diff / allowed).max()))
+                box_dim = 1 if path == "predictions" else None  # (B, 4 + nc, A): boxes scale by their extent
+                bars[f"folded {name}.{path}"] = float32_bar(fused[path], plain[path], exact[path], box_dim)
+                bars[f"recorded {name}.{path}"] = float32_bar(torch.from_numpy(recorded[key]), plain[path],
+                                                              exact[path], box_dim)
                 worst_vs_unfolded = max(worst_vs_unfolded, float((fused[path] - plain[path]).abs().max()))
-                worst_vs_recorded = max(worst_vs_recorded, float(np.abs(fused[path].numpy() - ref).max()))
+        worst = max(bars, key=lambda k: bars[k].used)
         print(f"\n{d.name}: folded vs unfolded raw max abs diff {worst_vs_unfolded:.3g}; "
-              f"folded vs recorded {worst_vs_recorded:.3g} (bar {RAW_ATOL} or {FOLD_ULPS} ulps: "
-              f"{worst_excess:.2f} of it)")
-        assert worst_excess <= 1.0
+              f"closest to its bar: {worst}: {bars[worst]}")
+        assert [k for k, bar in bars.items() if not bar.ok] == [], {k: str(b) for k, b in bars.items() if not b.ok}
         assert worst_vs_unfolded > 0  # folding does change rounding: the docs must not claim bit-exactness
 
         sample = str(compat_dir / "fixtures" / "sample.png")

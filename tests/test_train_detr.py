@@ -15,6 +15,7 @@ from libreyolo.models._detr.denoising import cxcywh_to_xyxy, denoising_attend_ma
 from libreyolo.models.registry import families
 from libreyolo.train.loss import loss_for
 from libreyolo.train.loss.detr import HungarianMatcher, bin_interpolation, edge_distances, linear_assignment
+from tests.numerics import assert_within_float32_noise, float64_run, to_float64
 
 pytest.importorskip("scipy", reason="DETR training needs libreyolo[train] (scipy)")
 
@@ -35,6 +36,14 @@ def _net(name: str, size: str, seed: int = 0):
 
 def _images(batch: int = 2, seed: int = 1) -> torch.Tensor:
     return torch.rand(batch, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(seed))
+
+
+def _float64_decode(family, net, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The training forward without denoising, in float64 (the reference for float32 bars)."""
+    net64 = to_float64(net)
+    net64.decoder.num_denoising = 0
+    with torch.no_grad():
+        return family.train_decode(net64, family.train_encode(net64, x.double()), TARGETS.double())
 
 
 # --- (a) the matcher ------------------------------------------------------------------------------
@@ -130,8 +139,9 @@ def test_matching_queries_are_blind_to_the_denoising_queries(name, size):
     net.decoder.num_denoising = 100
     with_dn = family.train_decode(net, feats, TARGETS)
     assert plain["dn_logits"].shape[2] == 0 and with_dn["dn_logits"].shape[2] == 2 * 3 * (100 // 3)
-    torch.testing.assert_close(with_dn["pred_logits"], plain["pred_logits"], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(with_dn["pred_boxes"], plain["pred_boxes"], atol=1e-5, rtol=1e-5)
+    exact = _float64_decode(family, net, _images())
+    for k in ("pred_logits", "pred_boxes"):  # the denoising queries change rounding at most
+        assert_within_float32_noise(with_dn[k], plain[k], exact[k], what=k)
 
 
 # --- (c) empty targets ----------------------------------------------------------------------------
@@ -221,8 +231,9 @@ def test_the_training_path_ends_where_inference_does(name, size):
     with torch.no_grad():
         out = family.train_decode(net, family.train_encode(net, x), TARGETS)
         ref = net(x)  # the inference forward (BatchNorm in the same training mode)
-    torch.testing.assert_close(out["pred_logits"][-1], ref["pred_logits"], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out["pred_boxes"][-1], ref["pred_boxes"], atol=1e-5, rtol=1e-5)
+    exact = float64_run(net, x)  # the inference forward in float64
+    for k in ("pred_logits", "pred_boxes"):
+        assert_within_float32_noise(out[k][-1], ref[k], exact[k], what=k)
 
 
 # --- (f) end to end -------------------------------------------------------------------------------
