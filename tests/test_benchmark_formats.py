@@ -35,10 +35,11 @@ def onnx_run(shapes, tmp_path_factory):
     import contextlib
     import io
 
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    folder = tmp_path_factory.mktemp("bench")
+    out = folder / "bench.json"
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):  # capsys is per test; this run is shared by the tests below
-        rc = cli_main(_bench(shapes, out))
+        rc = cli_main(_bench(shapes, out, f"save_dir={folder / 'artifacts'}"))
     return rc, buf.getvalue(), json.loads(out.read_text())
 
 
@@ -65,6 +66,18 @@ def test_benchmark_json_holds_the_rows_with_equal_eager_and_onnx_map(onnx_run):
     assert eager["metric"] > 0.5 and abs(onnx["metric"] - eager["metric"]) <= 1e-9  # see test_val_artifacts
     assert onnx["size_mib"] > 1 and onnx["ms_per_image"] > 0 and onnx["images_per_s"] > 0
     assert rows["cuda_graph"]["status"] == "not run" and rows["cuda_graph"]["ms_per_image"] is None
+
+
+def test_an_artifact_is_benchmarked_alone_from_its_recorded_validation(onnx_run, shapes, capsys):
+    _, _, report = onnx_run
+    kept = Path(report["rows"][-1]["file"])
+    assert kept.is_file() and kept.parent.name == "artifacts"  # save_dir= keeps the exports
+    assert cli_main(["benchmark", f"model={kept}", f"data={shapes}", "n=2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("onnx")]
+    assert len(rows) == 1 and rows[0].split()[2] == "passed"
+    assert abs(float(rows[0].split()[4]) - report["rows"][0]["metric"]) < 1e-4  # printed with 4 decimals
+    assert cli_main(["benchmark", f"model={kept}", "formats=executorch"]) == 2
+    assert "cannot be exported to executorch" in capsys.readouterr().err
 
 
 def test_a_metric_below_eager_minus_floor_exits_1(shapes, tmp_path, monkeypatch, capsys):

@@ -210,11 +210,10 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
 
     floor = _check(batch, n, floor, workers)
     imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
-    if not hasattr(model, "export"):
-        raise ArgumentError(f"benchmark across formats needs a checkpoint or architecture to export, got a "
-                            f"{getattr(model, 'format', type(model).__name__)} artifact: pass its .pt, or "
-                            "formats=eager to time and validate the artifact alone")
     frames = _frames(batch)
+    if not hasattr(model, "export"):  # an artifact: its own row, nothing to export
+        return _artifact_only(model, formats, frames, data=data, imgsz=imgsz, n=n, half=half, floor=floor,
+                              workers=workers)
     rows: list[Row] = []
     eager = Row(EAGER, "reference", file=getattr(model, "source", None))
     if eager.file and Path(eager.file).is_file():
@@ -269,6 +268,23 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
     name = Path(model.source).name if getattr(model, "source", None) else f"{model.family.name}-{model.size}"
     return BenchmarkResult(name, model.task, str(model.device), imgsz, batch, n, data, floor, METRIC[model.task],
                            rows, str(folder) if keep else None)
+
+
+def _artifact_only(model: Any, formats: list[str] | None, frames: list[np.ndarray], *, data: str | None, imgsz: int,
+                   n: int, half: bool, floor: float, workers: int) -> BenchmarkResult:
+    if formats:
+        raise ArgumentError(f"{model.path.name} is a {model.format} artifact and cannot be exported to "
+                            f"{', '.join(formats)}: benchmark its checkpoint (.pt) for other formats, or pass no "
+                            "formats=")
+    recorded = model.validation
+    row = Row(model.format, str(recorded.get("status", "unknown")), "validation recorded at export",
+              str(model.path), _size_mib(model.path), recorded.get("artifact_float64_error"))
+    timed = _time(model, frames, n, model.format, imgsz=imgsz, half=half or None)
+    row.timing, row.ms_per_image, row.images_per_s = timed["timing"], timed["ms_per_image"], timed["images_per_s"]
+    if data:
+        row.metric = _metric(model, data, imgsz=imgsz, workers=workers)
+    return BenchmarkResult(model.path.name, model.task, str(model.device), imgsz, len(frames), n, data, floor,
+                           METRIC[model.task], [row], None)
 
 
 def _cell(value: Any, spec: str) -> str:
