@@ -123,3 +123,14 @@ def test_executorch_artifact_validates_to_the_eager_metrics(demo, shapes_val, ea
                          verbose=False)
     assert report.validation.status == "passed", report.validation.text()
     _same(LibreYOLO(report.path).val(data=str(shapes_val), **VAL), eager_metrics)
+
+
+def test_a_classifier_artifact_validates_to_the_eager_top1_on_an_image_folder(tmp_path):
+    # untrained ViT-ti: its top-2 logits on these 12 images are >= 3e-3 apart (measured), three
+    # orders of magnitude above the artifact's ~1e-6 error, so every prediction, and top-1, must agree
+    root = make_shapes_dataset(tmp_path / "cls", n_train=3, n_val=12, imgsz=64, seed=1, task="classify")
+    model = LibreYOLO("LibreViTti-cls.yaml", nc=3, names=["circle", "square", "triangle"])
+    report = model.export(format="onnx", output=tmp_path / "vit.onnx", verbose=False)
+    assert report.validation.status == "passed", report.validation.text()
+    eager = model.val(data=str(root), batch=6, workers=0)
+    assert LibreYOLO(report.path).val(data=str(root), batch=6, workers=0) == eager
