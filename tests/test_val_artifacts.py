@@ -116,6 +116,7 @@ def test_cli_val_on_an_artifact_that_cannot_run_here_is_one_clean_line(shapes_va
     assert len(err) == 1 and "NVIDIA GPU" in err[0] and "Traceback" not in err[0], err
 
 
+@pytest.mark.slow
 def test_executorch_artifact_validates_to_the_eager_metrics(demo, shapes_val, eager_metrics, tmp_path_factory):
     pytest.importorskip("executorch.runtime", reason="executorch is not installed")
     # one ExecuTorch lowering per session (~60 s on 2 cores); the small imgsz does not shorten it much

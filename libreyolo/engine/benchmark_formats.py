@@ -144,6 +144,9 @@ def _export_row(model: Any, fmt: str, folder: Path, frames: list[np.ndarray], *,
         return Row(fmt, "failed", first, export_s=time.perf_counter() - start), None
     except LibreYOLOError as exc:  # a missing package, an option this format refuses
         return Row(fmt, "not run", str(exc), export_s=time.perf_counter() - start), None
+    except Exception as exc:  # noqa: BLE001 - a toolchain crash fails this row, not the whole table
+        return Row(fmt, "failed", f"export crashed: {type(exc).__name__}: {exc}",
+                   export_s=time.perf_counter() - start), None
     validation = report.validation.to_dict()
     row = Row(fmt, report.validation.status, "", str(report.path), _size_mib(Path(report.path)),
               validation.get("artifact_float64_error"), export_s=report.seconds)
@@ -155,10 +158,13 @@ def _export_row(model: Any, fmt: str, folder: Path, frames: list[np.ndarray], *,
     except LibreYOLOError as exc:
         row.status, row.reason = "not run", f"exported and validated, but cannot be loaded here: {exc}"
         return row, validation
-    timed = _time(artifact, frames, n, fmt, half=half or None)
-    row.timing, row.ms_per_image, row.images_per_s = timed["timing"], timed["ms_per_image"], timed["images_per_s"]
-    if data:
-        row.metric = _metric(artifact, data, imgsz=imgsz, workers=workers)
+    try:
+        timed = _time(artifact, frames, n, fmt, half=half or None)
+        row.timing, row.ms_per_image, row.images_per_s = timed["timing"], timed["ms_per_image"], timed["images_per_s"]
+        if data:
+            row.metric = _metric(artifact, data, imgsz=imgsz, workers=workers)
+    except Exception as exc:  # noqa: BLE001 - it validated but does not run on the benchmark's frames or data
+        row.status, row.reason = "failed", f"validated, then failed in predict()/val(): {type(exc).__name__}: {exc}"
     return row, validation
 
 
