@@ -214,15 +214,15 @@ def _formats(v: str) -> list[str] | None:
 
 
 BENCH_OPTS: dict[str, Opt] = {
-    "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml)"),
+    "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml); an artifact gets one row of its own"),
     "formats": Opt(_formats, None, "comma list of onnx, executorch, coreml, tensorrt, aoti; 'eager' for the eager "
-                   "rows only (default: every format, those that cannot run here with a row saying why)"),
+                   "rows only; unset: every format, those that cannot run here with a row saying why"),
     "data": Opt(str, None, "dataset YAML (detect) or image-folder root (classify) for the mAP50-95 / top-1 column"),
     "floor": Opt(_floor, 0.01, "fail (exit 1) when a format's metric is below eager minus this (absolute)"),
     "json": Opt(str, None, "also write the table as JSON to this path"),
-    "save_dir": Opt(str, None, "keep the exported artifacts in this folder (default: a temporary one, removed)"),
-    "device": Opt(_device, None, "cpu, cuda, cuda:N (default: cuda when available)"),
-    "imgsz": Opt(_imgsz, None, "network input size, also of the exports (default from the model)"),
+    "save_dir": Opt(str, None, "keep the exported artifacts in this folder (unset: a temporary one, removed)"),
+    "device": Opt(_device, None, "cpu, cuda, cuda:N (unset: cuda when available)"),
+    "imgsz": Opt(_imgsz, None, "network input size, also of the exports (unset: the model's)"),
     "batch": Opt(_positive_int, 1, "images per predict() call (and the exports' batch)"),
     "n": Opt(_positive_int, 50, "timed calls per format (median reported)"),
     "workers": Opt(_workers, 0, "DataLoader workers of the data= validation"),
