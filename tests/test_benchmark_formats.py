@@ -81,8 +81,14 @@ def test_an_artifact_is_benchmarked_alone_from_its_recorded_validation(onnx_run,
 
 
 def test_a_metric_below_eager_minus_floor_exits_1(shapes, tmp_path, monkeypatch, capsys):
+    """Also: the float64 errors the validation report records are what the table shows (today's
+    report has none: the keys are added here, as the float64 comparison will add them)."""
     from libreyolo.engine import benchmark_formats as bench
+    from libreyolo.export.report import ValidationReport
 
+    recorded = ValidationReport.to_dict
+    monkeypatch.setattr(ValidationReport, "to_dict", lambda self: {
+        **recorded(self), "artifact_float64_error": 2.5e-5, "eager_float64_error": 1.25e-5})
     real = bench._metric
 
     def dropped(model, data, **kw):  # the artifact's real mAP, minus 0.05 (what a broken export might lose)
@@ -96,6 +102,8 @@ def test_a_metric_below_eager_minus_floor_exits_1(shapes, tmp_path, monkeypatch,
     assert "below floor" in text and "FAILED: onnx" in text
     report = json.loads(out.read_text())
     assert report["passed"] is False and report["rows"][-1]["status"] == "below floor"
+    assert [r["float64_error"] for r in report["rows"]] == [1.25e-5, None, 2.5e-5]
+    assert "1.25e-05" in text and "2.50e-05" in text
 
 
 def test_a_format_that_fails_validation_exits_1(tmp_path, monkeypatch, capsys):
