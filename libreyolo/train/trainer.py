@@ -1,4 +1,4 @@
-"""Training and validation: ``model.train(data=...)``, ``model.val(data=...)``, ``libreyolo train/val``.
+"""Training: ``model.train(data=...)``, ``libreyolo train`` (validation: :mod:`libreyolo.train.val`).
 
 One loop for every family with a training contract (a loss in :mod:`libreyolo.train.loss`, the
 task's dataset in :mod:`libreyolo.train.data`, the task's metrics in :mod:`libreyolo.train.metrics`):
@@ -145,16 +145,9 @@ class Trainer:
 
     # --- set-up ------------------------------------------------------------------------------------
     def _data(self):
-        from libreyolo.train import data as D
+        from libreyolo.train.val import load_dataset
 
-        task = self.model.task
-        if task == "detect":
-            cfg = D.load_data_yaml(self.args.data)
-        elif task == "classify":
-            cfg = D.load_classify_root(self.args.data)
-        else:
-            raise LibreYOLOError(f"training for task {task!r} is not available")
-        return cfg
+        return load_dataset(self.model.task, self.args.data)
 
     def _adapt_classes(self, cfg) -> None:
         """Make the model's classes the dataset's: a new head when the number differs (weights of
@@ -175,6 +168,7 @@ class Trainer:
 
     def _loaders(self, cfg, imgsz: int):
         from libreyolo.train import data as D
+        from libreyolo.train.val import val_dataset
 
         a = self.args
         distributed = self.world > 1
@@ -185,15 +179,12 @@ class Trainer:
                 "mosaic", "close_mosaic", "degrees", "translate", "scale", "shear", "fliplr", "flipud", "hsv_h",
                 "hsv_s", "hsv_v")})
             train = D.DetectionDataset(cfg.train, cfg.names, imgsz, augment=True, hyp=hyp)
-            val = D.DetectionDataset(cfg.val, cfg.names, imgsz, augment=False) if cfg.val else None
-            collate = D.collate_detect
         else:
             box = self.model.family.letterbox(imgsz)
             norm = box.normalization() if hasattr(box, "normalization") else {"mean": [0.0] * 3, "std": [1.0] * 3}
             train = D.ClassifyDataset(cfg.samples("train"), imgsz, augment=True, mean=norm["mean"], std=norm["std"])
-            val = D.ClassifyDataset(cfg.samples("val"), imgsz, augment=False, mean=norm["mean"], std=norm["std"]) \
-                if cfg.val else None
-            collate = D.collate_classify
+        collate = D.collate_detect if self.model.task == "detect" else D.collate_classify
+        val = val_dataset(self.model, cfg, imgsz)[0] if cfg.val else None  # what model.val() reads too
         train_loader = D.build_dataloader(train, per_rank, shuffle=True, workers=a.workers, pin_memory=pin,
                                           seed=a.seed + self.rank, collate_fn=collate, distributed=distributed)
         val_loader = None
@@ -531,25 +522,6 @@ def train(model: Any, **kwargs: Any) -> dict[str, Any]:
     trainer = Trainer(model, args)
     with _quiet_tqdm_monitor():
         return trainer.train()
-
-
-def val(model: Any, *, data: str, imgsz: int | None = None, batch: int = 16, workers: int = 2,
-        device: str | None = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
-    """``model.val(data=...)``: metrics of the model on the dataset's val split."""
-    args = TrainArgs(data=data, imgsz=imgsz, batch=batch, workers=workers, device=device, conf=conf, iou=iou,
-                     max_det=max_det)
-    args.check()
-    trainer = Trainer(model, args)
-    cfg = trainer._data()
-    if cfg.nc != model.nc:
-        raise ArgumentError(f"the dataset has {cfg.nc} classes and the model {model.nc}; validate a model trained "
-                            "on this dataset")
-    if not cfg.val:
-        raise ArgumentError(f"{data} has no val split to validate on")
-    model.to(trainer.device)
-    size = imgsz or model.imgsz
-    _, _, loader = trainer._loaders(cfg, size)
-    return validate(model, model.net, loader, conf=conf, iou=iou, max_det=max_det, device=trainer.device)
 
 
 @contextlib.contextmanager
