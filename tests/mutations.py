@@ -11,21 +11,25 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 from typing import Any
 
 import torch
 from torch import nn
 
-# family -> (size, imgsz, high-gain recipe: {parameter-name prefix: (scale, bias shift, bias channels)})
+# family -> (size, imgsz, high-gain recipe: {parameter-name regex: (scale, bias shift, bias channels)}),
+# each touching the last layer of a head branch only, as a trained network's sharp head would be
 CASES: dict[str, tuple[str, int, dict[str, tuple[float, float, slice]]]] = {
-    # DFL box logits sharpened, class logits x4
-    "yolo9": ("t", 128, {"head.cv2.": (3.0, 0.0, slice(None)), "head.cv3.": (4.0, 0.0, slice(None))}),
+    # DFL box logits sharpened x3, class logits x8
+    "yolo9": ("t", 128, {r"head\.cv2\.\d+\.2\.": (3.0, 0.0, slice(None)),
+                         r"head\.cv3\.\d+\.2\.": (8.0, 0.0, slice(None))}),
     # wide boxes (exp(log w, log h) * stride, ~20x stride) and near-zero objectness, as in the refused yolox-s
-    "yolox": ("s", 160, {"head.reg_preds.": (0.05, 3.0, slice(2, 4)), "head.obj_preds.": (0.1, -6.0, slice(None))}),
+    "yolox": ("s", 160, {r"head\.reg_preds\.": (0.05, 3.0, slice(2, 4)),
+                         r"head\.obj_preds\.": (0.1, -6.0, slice(None))}),
     # class logits of a set predictor x8 (the refused rtdetr-r34 failed on pred_logits)
-    "rtdetr": ("r18", 160, {"decoder.dec_score_head.": (8.0, 0.0, slice(None))}),
+    "rtdetr": ("r18", 160, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
     # classifier logits x8
-    "vit": ("ti", 224, {"head.": (8.0, 0.0, slice(None))}),
+    "vit": ("ti", 224, {r"head\.": (8.0, 0.0, slice(None))}),
 }
 
 
@@ -43,10 +47,14 @@ def seeded(family: str, seed: int, high_gain: bool, nc: int = 5) -> Any:
         for name, p in model.net.named_parameters():  # BN-free init gives flat scores: spread them a little
             if name.endswith("bias") and p.dim() == 1:
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
+        for name, p in model.net.named_parameters():  # the family's own seeding gains (outputs in range)
+            for prefix, gain in fam.parity_seed_gains.items():
+                if name.startswith(prefix):
+                    p.mul_(gain)
         if high_gain:
             for name, p in model.net.named_parameters():
-                for prefix, (scale, shift, channels) in recipe.items():
-                    if name.startswith(prefix):
+                for pattern, (scale, shift, channels) in recipe.items():
+                    if re.match(pattern, name):
                         p.mul_(scale)
                         if name.endswith("bias") and shift:
                             p[channels].add_(shift)

@@ -71,7 +71,8 @@ def test_vit_onnx_torchscript_export_validates_against_fused_eager(vit_onnx):
     model, report, calls = vit_onnx
     v = report.validation
     assert v.status == "passed", v.text()
-    assert all(c["max_abs_error"] <= 1e-4 for c in v.checks) and len(v.checks) == 4
+    raw = [c for c in v.checks if c["output"] == "logits"]
+    assert all(c["ratio"] <= 1.0 for c in raw) and len(raw) == 4
     assert all(d["kind"] == "classes" and d["identical"] for d in v.detections), v.text()
     reasons = assert_every_slot_declined(calls, attention_modules(model), "torch.onnx.is_in_onnx_export()")
     assert ("torch.jit.is_tracing()", "torch.onnx.is_in_onnx_export()") in reasons  # the TorchScript exporter
@@ -131,7 +132,7 @@ def test_deit_onnx_dynamo_export_validates_and_has_no_fused_attention(tmp_path):
     EXPORTER.write_metadata(path, stamp(meta, EXPORTER.content_sha256(path)), meta)  # as the driver does
     report = validate_artifact(model, EXPORTER, path, opts)
     assert report.status == "passed", report.text()
-    assert max(c["max_abs_error"] for c in report.checks) <= 1e-4
+    assert report.worst()["worst_ratio"] <= 1.0  # every logit within its float64-derived allowance
 
 
 def test_executorch_program_validates_and_has_no_fused_attention(tmp_path):
@@ -143,7 +144,7 @@ def test_executorch_program_validates_and_has_no_fused_attention(tmp_path):
     with record_attention() as calls:
         report = model.export(format="executorch", output=tmp_path / "vit.pte", verbose=False)
     assert report.validation.status == "passed", report.validation.text()
-    assert all(c["max_abs_error"] <= 1e-4 for c in report.validation.checks)
+    assert report.validation.worst()["worst_ratio"] <= 1.0
     assert_every_slot_declined(calls, 2, "torch.compiler.is_exporting()")
     ops = pte_ops(report.path)
     assert not any(any(n in op for n in FUSED_NAMES) for op in ops), sorted(ops)

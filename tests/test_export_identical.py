@@ -29,7 +29,7 @@ def untrained():
 def _assert_identical(model, report):
     v = report.validation
     assert v.status == "passed", v.text()
-    assert v.worst()["max_abs_error"] <= 1e-4
+    assert v.worst()["worst_ratio"] <= 1.0
     assert v.detections and all(d["passed"] and d["eager"] > 0 for d in v.detections), v.text()
     # The validator's own probes run at a low conf (about 240 boxes per image), where candidates
     # of one class still sit within 1e-6 of each other: which of two such boxes survives NMS then

@@ -138,3 +138,23 @@ def test_exact_float32_turns_tf32_off_only_for_cuda_and_restores_the_flags():
         assert cudnn.allow_tf32 and mm.allow_tf32
     finally:
         cudnn.allow_tf32, mm.allow_tf32 = saved
+
+
+def test_a_tie_decided_otherwise_than_float64_is_left_out_of_the_drift_and_judged_by_eagers_own_difference():
+    """YOLOX keeps only the best class of a box: two class probabilities saturated at 1.0 tie in
+    float32, and float64 picks the other. That flip is a decision, not rounding noise: it must not
+    widen the whole score group, and an artifact that decides like eager must still pass."""
+    from libreyolo.utils.tolerance import DECISION_FACTOR
+
+    ref = torch.zeros(1, 7, 3, dtype=torch.float64)
+    ref[0, :4] = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [10.0, 11.0, 12.0], [10.0, 11.0, 12.0]])
+    ref[0, 6, 0] = 1.0  # float64: class 2 of box 0
+    eager = ref.clone()
+    eager[0, 6, 0], eager[0, 5, 0] = 0.0, 1.0  # float32: class 1 (the first of the tie)
+    eager[0, 4, 1] += 1e-7
+    decided: dict[str, int] = {}
+    d = drift([BOX, SCORE], [({"predictions": eager}, {"predictions": ref})], decided)
+    assert d["predictions/score"] == pytest.approx(1e-7) and decided == {"predictions/score": 2}
+    allowed = allowance([BOX, SCORE], {"predictions": ref}, d, eager={"predictions": eager})["predictions"]
+    assert float(allowed[0, 5, 0]) == DECISION_FACTOR * 1.0
+    assert float(allowed[0, 4, 1]) == pytest.approx(FLOAT32_MULTIPLE * 1e-7 + FLOOR)  # the rest stays tight

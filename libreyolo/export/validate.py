@@ -28,6 +28,7 @@ from libreyolo.ops.letterbox import LetterboxMeta
 from libreyolo.results import decoded_predictions
 from libreyolo.utils.tolerance import (
     ALIGN_RELATIVE,
+    DECISION_FACTOR,
     FLOAT32_MULTIPLE,
     FLOOR,
     FP16_DRIFT_FACTOR,
@@ -274,7 +275,8 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
     return runs
 
 
-def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...]) -> tuple[dict, dict | None]:
+def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...],
+            decisions: dict[str, int]) -> tuple[dict, dict | None]:
     """The eager model's float32 drift from float64 and (fp16 runs) its fp16 drift from float32, per
     group, after pairing set-prediction rows that a near-tie reordered between the two runs."""
     def paired(a: dict, ref: dict) -> dict:
@@ -289,7 +291,7 @@ def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...]) -> tuple[
 
     for run in runs:
         run["eager_aligned"] = paired(run["eager"], run["e64"])
-    d32 = drift(groups, [(r["eager_aligned"], r["e64"]) for r in runs])
+    d32 = drift(groups, [(r["eager_aligned"], r["e64"]) for r in runs], decisions)
     d16 = None
     if all(r["e16"] is not None for r in runs):
         d16 = drift(groups, [(paired(r["e16"], as_float64(r["eager"])), as_float64(r["eager"])) for r in runs])
@@ -346,7 +348,13 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         half_net = half_net.cpu()
         runs = _runs(_OnCpu(model), runtime, reference, batches, net64, half_net)
     groups = groups_for(contract.groups, runs[0]["eager"])
-    d32, d16 = _drifts(groups, runs, contract.row_sets)
+    decisions: dict[str, int] = {}
+    d32, d16 = _drifts(groups, runs, contract.row_sets, decisions)
+    if decisions:
+        report.notes.append("eager float32 decides some elements otherwise than float64 (a tie broken the other way: "
+                            + ", ".join(f"{n} in {k}" for k, n in decisions.items())
+                            + f"); there an artifact may differ from float64 by {DECISION_FACTOR:g}x eager's own "
+                            "difference, and they are left out of the drift")
     report.drift = {"float32": d32, **({"fp16": d16} if d16 is not None else {})}
 
     capped = 0
@@ -355,8 +363,9 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     for run in runs:
         picks, x, got = run["picks"], run["x"], run["got"]
         name = "+".join(dict.fromkeys(picks)) + (f" (batch {len(picks)})" if len(picks) > 1 else "")
-        allowed = allowance(groups, run["e64"], d32, d16)
-        score_tol = max(score_tol, score_tolerance(groups, allowed))
+        allowed = allowance(groups, run["e64"], d32, d16, eager=run["eager_aligned"])
+        # decoded scores move by rounding only: the allowance without the decisions' wider bars
+        score_tol = max(score_tol, score_tolerance(groups, allowance(groups, run["e64"], d32, d16)))
         if nms is None:
             compared, moved = align_row_sets(run["e64"], got, contract.row_sets, allowed=allowed)
             if moved:
