@@ -104,7 +104,9 @@ def scale_one_conv(model: Any, factor: float = 1.01) -> Any:
 
 
 def swap_head_channels(model: Any) -> Any:
-    """Classes 0 and 1 swapped in the last layer whose output size is the class count."""
+    """The classes of the last layer whose output size is the class count shifted by one (class i
+    reads class i + 1's weights): every class moves, so whichever wins a box changes channel. (Two
+    classes swapped is no change at all where neither ever wins, as in YOLOX's best-class output.)"""
     def change(m: Any) -> None:
         last = None
         for name, p in m.net.named_parameters():
@@ -114,7 +116,7 @@ def swap_head_channels(model: Any) -> Any:
         for suffix in ("weight", "bias"):
             p = params.get(last + suffix)
             if p is not None:
-                p[[0, 1]] = p[[1, 0]].clone()
+                p.copy_(p.roll(-1, 0))
     return _mutated(model, change)
 
 
@@ -165,7 +167,7 @@ def wrong_preprocessing(runtime: Any) -> Any:
     return runtime
 
 
-MODEL_MUTATIONS = {"conv x1.01": scale_one_conv, "head classes swapped": swap_head_channels,
+MODEL_MUTATIONS = {"conv x1.01": scale_one_conv, "head classes shifted": swap_head_channels,
                    "fp16 weights labelled fp32": fp16_weights, "RGB/BGR swapped": swap_rgb_bgr}
 
 

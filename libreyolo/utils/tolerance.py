@@ -55,7 +55,7 @@ ALIGN_RELATIVE = 1e-3
 DECISION_RELATIVE = 1e-2
 DECISION_FACTOR = 2.0
 
-_SCALES = {"box": "extent", "score": "unit", "image": "unit", "logit": "rms", "map": "rms"}
+_SCALES = {"box": "extent", "score": "unit", "sigmoid": "unit", "image": "unit", "logit": "rms", "map": "rms"}
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,10 @@ class OutputGroup:
     """A slice of one output that shares a unit: ``output[..., start:stop, ...]`` along ``axis``.
 
     ``kind``: ``box`` (4 coordinates along ``axis``; scale: the box's largest coordinate
-    magnitude), ``score`` / ``image`` (bounded values; scale 1), ``logit`` / ``map`` (unbounded;
-    scale: the per-sample RMS of the group).
+    magnitude), ``score`` / ``image`` / ``sigmoid`` (values in [0, 1]; scale 1: ``sigmoid`` for
+    outputs of a sigmoid that are not scores, e.g. DETR's normalised boxes, whose error is the
+    logit's times the sigmoid's slope whatever the value), ``logit`` / ``map`` (unbounded; scale:
+    the per-sample RMS of the group).
     """
 
     output: str
