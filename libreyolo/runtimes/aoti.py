@@ -210,11 +210,11 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
     path = check_artifact_file(path, "AOTInductor")
     where = str(path)
     props = read_metadata_strings(path)
+    if verify:  # first: a file changed since export is named as such, before any field is interpreted
+        check_integrity(props, pt2_content_sha256(path), where)
     meta = decode(props, where)
     family, *_ = check_metadata(meta, where)
     build = read_build_info(path)
-    if verify:
-        check_integrity(props, pt2_content_sha256(path), where)
     if build.get("inputs") and build.get("outputs"):
         as_shape = {k: tuple(v) for k, v in build["inputs"].items()}, {k: tuple(v) for k, v in build["outputs"].items()}
         check_graph(meta, family, *as_shape, where)

@@ -34,12 +34,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.errors import ArgumentError, LibreYOLOError
+from libreyolo.errors import ArgumentError, LibreYOLOError, TrainingDiverged
 from libreyolo.train.evaluate import validate
 from libreyolo.train.graph import GraphStepError
 from libreyolo.utils.log import LOGGER
 
 NOMINAL_BATCH = 64  # gradients are accumulated up to about this many images per optimizer step
+MAX_AMP_SKIPS = 3  # consecutive non-finite losses tolerated under AMP (fp16 overflow) before the run stops
 
 
 @dataclass
@@ -101,17 +102,11 @@ class TrainArgs:
         return args
 
     def check(self) -> None:
-        def positive(name: str, integer: bool = True) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) or v <= 0:
-                raise ArgumentError(f"{name} must be a positive {'integer' if integer else 'number'}, got {v!r}")
+        """Every field against its declaration (:data:`libreyolo.train.options.TRAIN_OPTIONS`)."""
+        from libreyolo.train.options import TRAIN_OPTIONS
 
-        for name in ("epochs", "batch", "nbs"):
-            positive(name)
-        for name in ("lr0", "lrf"):
-            positive(name, integer=False)
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
-            raise ArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
+        for name, opt in TRAIN_OPTIONS.items():
+            setattr(self, name, opt.check(name, getattr(self, name)))
         if not self.data and not self.resume:
             raise ArgumentError("train needs data=: a dataset YAML (detect) or an image-folder root (classify)")
 
@@ -173,7 +168,8 @@ class Trainer:
             model.net, model.nc = fresh.net, cfg.nc
         model.names = dict(cfg.names)
 
-    def _loaders(self, cfg, imgsz: int):
+    def _loaders(self, cfg, imgsz: int, *, with_train: bool = True):
+        """(train set, train loader, val loader); ``with_train=False`` (val()) scans only the val split."""
         from libreyolo.train import data as D
 
         a = self.args
@@ -184,18 +180,20 @@ class Trainer:
             hyp = D.AugmentConfig(**{k: getattr(a, k) for k in (
                 "mosaic", "close_mosaic", "degrees", "translate", "scale", "shear", "fliplr", "flipud", "hsv_h",
                 "hsv_s", "hsv_v")})
-            train = D.DetectionDataset(cfg.train, cfg.names, imgsz, augment=True, hyp=hyp)
+            train = D.DetectionDataset(cfg.train, cfg.names, imgsz, augment=True, hyp=hyp) if with_train else None
             val = D.DetectionDataset(cfg.val, cfg.names, imgsz, augment=False) if cfg.val else None
             collate = D.collate_detect
         else:
             box = self.model.family.letterbox(imgsz)
             norm = box.normalization() if hasattr(box, "normalization") else {"mean": [0.0] * 3, "std": [1.0] * 3}
-            train = D.ClassifyDataset(cfg.samples("train"), imgsz, augment=True, mean=norm["mean"], std=norm["std"])
+            train = (D.ClassifyDataset(cfg.samples("train"), imgsz, augment=True, mean=norm["mean"], std=norm["std"])
+                     if with_train else None)
             val = D.ClassifyDataset(cfg.samples("val"), imgsz, augment=False, mean=norm["mean"], std=norm["std"]) \
                 if cfg.val else None
             collate = D.collate_classify
-        train_loader = D.build_dataloader(train, per_rank, shuffle=True, workers=a.workers, pin_memory=pin,
-                                          seed=a.seed + self.rank, collate_fn=collate, distributed=distributed)
+        train_loader = None if train is None else D.build_dataloader(
+            train, per_rank, shuffle=True, workers=a.workers, pin_memory=pin, seed=a.seed + self.rank,
+            collate_fn=collate, distributed=distributed)
         val_loader = None
         if val is not None and self.rank == 0:
             val_loader = D.build_dataloader(val, per_rank * 2, shuffle=False, workers=a.workers, pin_memory=pin,
@@ -230,6 +228,9 @@ class Trainer:
         model = self.model
         imgsz = a.imgsz or model.imgsz
         _check_train_imgsz(model.family, imgsz)
+        from libreyolo.options import check_input_budget
+
+        check_input_budget(max(1, a.batch // self.world), imgsz, explicit=True)
         model.imgsz = imgsz
         model.to(self.device)
         net = model.net
@@ -266,7 +267,7 @@ class Trainer:
             train_net = nn.parallel.DistributedDataParallel(train_net, device_ids=ids)
         log = MetricsLog(self.save_dir, resume=resume_state is not None) if self.rank == 0 else None
         summary: dict[str, Any] = {"save_dir": str(self.save_dir), "epochs": a.epochs}
-        batches_done = 0
+        batches_done = amp_skips = 0
         for epoch in range(start_epoch, a.epochs):
             self.epoch = epoch
             t0 = time.perf_counter()
@@ -287,10 +288,14 @@ class Trainer:
                     optimizer.zero_grad(set_to_none=True)
                     loss, items = self._step(train_net, criterion, scaler, images, targets)
                 if loss is None:
-                    LOGGER.warning("epoch %d batch %d: non-finite loss (%s); this batch is skipped", epoch + 1, i,
-                                   items)
+                    amp_skips += 1
+                    if not self.amp or amp_skips > MAX_AMP_SKIPS:
+                        raise TrainingDiverged(self._diverged(f"the loss is {items}", epoch, i, step))
+                    LOGGER.warning("epoch %d batch %d: non-finite loss (%s) under mixed precision; this batch is "
+                                   "skipped", epoch + 1, i, items)
                     optimizer.zero_grad(set_to_none=True)
                     continue
+                amp_skips = 0
                 batches_done += 1
                 if (i + 1) % accumulate == 0 or i + 1 == steps:
                     scaler.unscale_(optimizer)
@@ -360,7 +365,7 @@ class Trainer:
             out = train_net(images, targets)
         loss, items = criterion(out, targets)
         if not torch.isfinite(loss):
-            return None, float(loss)
+            return None, float(loss.detach())
         scaler.scale(loss).backward()
         # detached: a live loss keeps last step's autograd graph (and its AccumulateGrad nodes, bound
         # to the stream they ran on) alive into the next step, where a CUDA-graph capture would trip on it
@@ -434,9 +439,22 @@ class Trainer:
         return validate(self.model, net, loader, conf=self.args.conf, iou=self.args.iou, max_det=self.args.max_det,
                         device=self.device)
 
+    def _diverged(self, what: str, epoch: int, batch: int | None, step: int | None) -> str:
+        where = f"epoch {epoch + 1} batch {batch} (step {step})" if batch is not None else f"epoch {epoch + 1}"
+        last = self.save_dir / "weights" / "last.pt" if self.save_dir is not None else None
+        kept = (f"{last} still holds the last good epoch (nothing was written over it)"
+                if last is not None and last.exists() else "no checkpoint was written")
+        return (f"training diverged at {where}: {what}; the run stopped and {kept}. Try a lower lr0, "
+                "amp=False, or check the dataset's labels")
+
     def _save(self, net: nn.Module, path: Path, state: dict[str, Any] | None) -> None:
         from libreyolo.checkpoint import save_checkpoint
+        from libreyolo.utils.checks import nonfinite_keys
 
+        bad, count = nonfinite_keys(net.state_dict())
+        if bad:  # never write a checkpoint of non-finite weights over a good one
+            raise TrainingDiverged(self._diverged(f"{count} weight tensor(s) hold NaN or Inf ({', '.join(bad)})",
+                                                  self.epoch, None, None))
         m = self.model
         save_checkpoint(path, net, family=m.family, size=m.size, nc=m.nc, names=m.names, imgsz=m.imgsz,
                         extra={"train_state": state} if state is not None else None)
@@ -528,6 +546,7 @@ def train(model: Any, **kwargs: Any) -> dict[str, Any]:
     """``model.train(...)``: see :class:`TrainArgs` for the options (a family may change some
     defaults: ``Family.train_defaults``)."""
     args = TrainArgs.from_kwargs({**model.family.train_defaults, **kwargs})
+    _require_train_extra(model.task, validating=args.val)
     trainer = Trainer(model, args)
     with _quiet_tqdm_monitor():
         return trainer.train()
@@ -535,10 +554,25 @@ def train(model: Any, **kwargs: Any) -> dict[str, Any]:
 
 def val(model: Any, *, data: str, imgsz: int | None = None, batch: int = 16, workers: int = 2,
         device: str | None = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
-    """``model.val(data=...)``: metrics of the model on the dataset's val split."""
-    args = TrainArgs(data=data, imgsz=imgsz, batch=batch, workers=workers, device=device, conf=conf, iou=iou,
-                     max_det=max_det)
+    """``model.val(data=...)``: metrics of the model on the dataset's val split.
+
+    Options are checked as ``predict()`` checks them (:data:`libreyolo.train.options.VAL_OPTIONS`,
+    and ``imgsz`` a multiple of the model's stride); only the val split is scanned.
+    """
+    from libreyolo.options import check_all
+    from libreyolo.train.options import VAL_OPTIONS
+
+    o = check_all(VAL_OPTIONS, {"data": data, "imgsz": imgsz, "batch": batch, "workers": workers, "device": device,
+                                "conf": conf, "iou": iou, "max_det": max_det}, command="val")
+    if not o["data"]:
+        raise ArgumentError("val needs data=: a dataset YAML (detect) or an image-folder root (classify)")
+    size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
+    from libreyolo.options import check_input_budget
+
+    check_input_budget(o["batch"], size, explicit=True)
+    args = TrainArgs(**o)
     args.check()
+    _require_train_extra(model.task)
     trainer = Trainer(model, args)
     cfg = trainer._data()
     if cfg.nc != model.nc:
@@ -547,9 +581,22 @@ def val(model: Any, *, data: str, imgsz: int | None = None, batch: int = 16, wor
     if not cfg.val:
         raise ArgumentError(f"{data} has no val split to validate on")
     model.to(trainer.device)
-    size = imgsz or model.imgsz
-    _, _, loader = trainer._loaders(cfg, size)
-    return validate(model, model.net, loader, conf=conf, iou=iou, max_det=max_det, device=trainer.device)
+    _, _, loader = trainer._loaders(cfg, size, with_train=False)
+    return validate(model, model.net, loader, conf=o["conf"], iou=o["iou"], max_det=o["max_det"],
+                    device=trainer.device)
+
+
+def _require_train_extra(task: str, *, validating: bool = True) -> None:
+    """The ``train`` extra's packages, checked before any dataset is scanned (and not first inside a
+    DataLoader worker, where the error would be a traceback)."""
+    from libreyolo.errors import require
+
+    if task == "detect":
+        require("cv2", "train", "detection training and validation (image resizing and augmentation)")
+        if validating:
+            from libreyolo.train.metrics import _coco_backend
+
+            _coco_backend()  # faster-coco-eval or pycocotools, for mAP
 
 
 @contextlib.contextmanager
