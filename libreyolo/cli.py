@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from libreyolo.engine.options import PREDICT_OPTIONS
+from libreyolo.engine.options import BENCH_OPTIONS, PREDICT_OPTIONS
 from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
-from libreyolo.options import MAX_BENCH_N, Opt, as_bool, as_device, as_graph_mode, batch_opt, imgsz_opt
+from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
 
@@ -140,14 +140,21 @@ def cmd_predict(args: dict[str, Any]) -> int:
     return 0
 
 
+def _formats(name: str, value: object) -> list[str] | None:
+    from libreyolo.engine.benchmark_formats import parse_formats
+
+    return parse_formats(value)
+
+
 BENCH_OPTS: dict[str, Opt] = {
-    "model": Opt(str, None, "checkpoint (.pt), architecture (.yaml) or artifact"),
-    "device": Opt(as_device, None, "cpu, cuda, cuda:N (default: cuda when available)"),
-    "imgsz": imgsz_opt("network input size (default from the model)"),
-    "batch": batch_opt(1, "images per predict() call"),
-    "n": Opt(int, 50, "timed calls per mode (median reported)", min=1, max=MAX_BENCH_N),
-    "half": Opt(as_bool, False, "fp16 (CUDA)", True),
-    "cuda_graph": Opt(as_graph_mode, True, "also time predict(cuda_graph=...): true, auto or false", True),
+    "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml); an artifact gets one row of its own"),
+    "formats": Opt(_formats, None, "comma list of onnx, executorch, coreml, tensorrt, aoti; 'eager' for the eager "
+                   "rows only; unset: every format, those that cannot run here with a row saying why"),
+    "data": Opt(str, None, "dataset YAML (detect) or image-folder root (classify) for the mAP50-95 / top-1 column"),
+    "floor": BENCH_OPTIONS["floor"],
+    "json": Opt(str, None, "also write the table as JSON to this path"),
+    "save_dir": Opt(str, None, "keep the exported artifacts in this folder (unset: a temporary one, removed)"),
+    **{k: BENCH_OPTIONS[k] for k in ("device", "imgsz", "batch", "n", "workers", "half", "cuda_graph")},
 }
 
 
@@ -155,21 +162,29 @@ def cmd_benchmark(args: dict[str, Any]) -> int:
     import torch
 
     from libreyolo import LibreYOLO
-    from libreyolo.engine.benchmark import format_rows, run_benchmark
+    from libreyolo.checkpoint import atomic_write
+    from libreyolo.engine.benchmark_formats import benchmark_formats, format_table
 
     if not args["model"]:
-        raise UsageError("benchmark needs model=<checkpoint|architecture>, e.g. model=LibreYOLO9t.yaml")
+        raise UsageError("benchmark needs model=<checkpoint|architecture>, e.g. model=LibreYOLO9t.pt")
+    if args["json"] is not None:
+        from pathlib import Path
+
+        if not Path(args["json"]).expanduser().absolute().parent.is_dir():
+            raise UsageError(f"json: the folder of {args['json']} does not exist")
     device = args["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     model = LibreYOLO(args["model"], device=device)
-    graph = args["cuda_graph"]
-    if graph and not str(device).startswith("cuda"):
-        print(f"note: CUDA graphs need a CUDA device; timing eager only on {device}")
-        graph = False
-    rows = run_benchmark(model, imgsz=args["imgsz"], batch=args["batch"], n=args["n"], half=args["half"],
-                         cuda_graph=graph)
-    print(f"{model.family.name}-{model.size} on {device}, batch {args['batch']}")
-    print(format_rows(rows))
-    return 0
+    result = benchmark_formats(model, formats=args["formats"], data=args["data"], imgsz=args["imgsz"],
+                               batch=args["batch"], n=args["n"], half=args["half"], cuda_graph=args["cuda_graph"],
+                               floor=args["floor"], save_dir=args["save_dir"], workers=args["workers"])
+    print(format_table(result))
+    if args["json"] is not None:
+        import json
+
+        text = json.dumps(result.to_dict(), indent=1)
+        atomic_write(args["json"], lambda tmp: tmp.write_text(text + "\n"))
+        print(f"wrote {args['json']}")
+    return 1 if result.failures else 0
 
 
 def cmd_export(args: dict[str, Any]) -> int:
@@ -188,7 +203,7 @@ TRAIN_OPTS: dict[str, Opt] = {
 }
 
 VAL_OPTS: dict[str, Opt] = {
-    "model": Opt(str, None, "checkpoint (.pt)"),
+    "model": Opt(str, None, "checkpoint (.pt) or artifact (.onnx, .pte, .pt2, .engine, .mlpackage)"),
     **{k: VAL_OPTIONS[k] for k in ("data", "imgsz", "batch", "workers", "device", "conf", "iou", "max_det")},
 }
 
@@ -214,7 +229,7 @@ def cmd_val(args: dict[str, Any]) -> int:
     from libreyolo import LibreYOLO
 
     if not args["model"] or not args["data"]:
-        raise UsageError("val needs model=<checkpoint> and data=<dataset YAML or image-folder root>")
+        raise UsageError("val needs model=<checkpoint or artifact> and data=<dataset YAML or image-folder root>")
     model = LibreYOLO(args.pop("model"), device=args["device"])
     print(json.dumps(model.val(**args), indent=1))
     return 0
@@ -250,7 +265,7 @@ def cmd_compare(args: dict[str, Any]) -> int:
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
     "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
-    "benchmark": (cmd_benchmark, BENCH_OPTS, "Time predict(), eager and with CUDA graphs."),
+    "benchmark": (cmd_benchmark, BENCH_OPTS, "One row per format: size, validation, error, metric, speed."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
     "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, or top-1/top-5)."),
     "compare": (cmd_compare, COMPARE_OPTS, "Re-validate an artifact against a checkpoint (exit 0: match)."),

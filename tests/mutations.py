@@ -16,16 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-# family -> (size, imgsz, high-gain recipe: {parameter-name prefix: (scale, shift)})
-CASES: dict[str, tuple[str, int, dict[str, tuple[float, float]]]] = {
+# family -> (size, imgsz, high-gain recipe: {parameter-name prefix: (scale, bias shift, bias channels)})
+CASES: dict[str, tuple[str, int, dict[str, tuple[float, float, slice]]]] = {
     # DFL box logits sharpened, class logits x4
-    "yolo9": ("t", 128, {"head.cv2.": (3.0, 0.0), "head.cv3.": (4.0, 0.0)}),
-    # wide boxes (exp(reg) * stride, ~20x stride) and near-zero objectness, as in the refused yolox-s
-    "yolox": ("s", 160, {"head.reg_preds.": (0.05, 3.0), "head.obj_preds.": (0.1, -6.0)}),
+    "yolo9": ("t", 128, {"head.cv2.": (3.0, 0.0, slice(None)), "head.cv3.": (4.0, 0.0, slice(None))}),
+    # wide boxes (exp(log w, log h) * stride, ~20x stride) and near-zero objectness, as in the refused yolox-s
+    "yolox": ("s", 160, {"head.reg_preds.": (0.05, 3.0, slice(2, 4)), "head.obj_preds.": (0.1, -6.0, slice(None))}),
     # class logits of a set predictor x8 (the refused rtdetr-r34 failed on pred_logits)
-    "rtdetr": ("r18", 160, {"decoder.dec_score_head.": (8.0, 0.0)}),
+    "rtdetr": ("r18", 160, {"decoder.dec_score_head.": (8.0, 0.0, slice(None))}),
     # classifier logits x8
-    "vit": ("ti", 224, {"head.": (8.0, 0.0)}),
+    "vit": ("ti", 224, {"head.": (8.0, 0.0, slice(None))}),
 }
 
 
@@ -45,14 +45,11 @@ def seeded(family: str, seed: int, high_gain: bool, nc: int = 5) -> Any:
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
         if high_gain:
             for name, p in model.net.named_parameters():
-                for prefix, (scale, shift) in recipe.items():
+                for prefix, (scale, shift, channels) in recipe.items():
                     if name.startswith(prefix):
                         p.mul_(scale)
                         if name.endswith("bias") and shift:
-                            if family == "yolox":  # (dx, dy, log w, log h): widen w and h only
-                                p[2:4].add_(shift)
-                            else:
-                                p.add_(shift)
+                            p[channels].add_(shift)
     recalibrate_batchnorm(model, imgsz, seed)
     model.imgsz = imgsz
     return model

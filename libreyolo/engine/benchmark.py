@@ -1,4 +1,5 @@
-"""``libreyolo benchmark``: predict() latency, eager and with CUDA graphs, on one model."""
+"""predict() latency of one model, synchronised, with stage medians (the timing of ``libreyolo benchmark``,
+:mod:`libreyolo.engine.benchmark_formats`)."""
 from __future__ import annotations
 
 import statistics
@@ -51,27 +52,3 @@ def _timed_calls(model: Any, frames: list[np.ndarray], n: int, bar: Any,
         post.append(r.speed["postprocess"] * len(frames))
         bar.update()
     return total, pre, inf, post
-
-
-def run_benchmark(model: Any, *, imgsz: int | None, batch: int, n: int, half: bool, cuda_graph: bool | str,
-                  conf: float = 0.25) -> list[dict[str, Any]]:
-    """Rows for eager and (when asked and possible) graph mode on random 480x640 frames."""
-    frames = [(np.random.RandomState(i).rand(480, 640, 3) * 255).astype(np.uint8) for i in range(batch)]
-    kw = {"imgsz": imgsz, "half": half, "conf": conf}
-    rows = [{"mode": "eager", **time_predict(model, frames, n=n, warmup=5, desc="eager", **kw)}]
-    if cuda_graph:
-        rows.append({"mode": f"cuda_graph={cuda_graph}",
-                     **time_predict(model, frames, n=n, warmup=5, desc=f"cuda_graph={cuda_graph}",
-                                    cuda_graph=cuda_graph, **kw)})
-    return rows
-
-
-def format_rows(rows: list[dict[str, Any]]) -> str:
-    head = f"{'mode':<18}{'predict ms':>12}{'pre':>9}{'infer':>9}{'post':>9}"
-    lines = [head]
-    for r in rows:
-        lines.append(f"{r['mode']:<18}{r['predict_ms']:>12.2f}{r['preprocess_ms']:>9.2f}"
-                     f"{r['inference_ms']:>9.2f}{r['postprocess_ms']:>9.2f}")
-    if len(rows) == 2:
-        lines.append(f"speed-up with graphs: {rows[0]['predict_ms'] / rows[1]['predict_ms']:.2f}x")
-    return "\n".join(lines)

@@ -1,7 +1,9 @@
 """The eager PyTorch model: a family's network plus its metadata, with ``predict()`` and ``save()``."""
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -347,11 +349,22 @@ class Model(PipelineGraphs, Predictor):
         batches and the reason when nothing was captured (None before any run)."""
         return self.__dict__.get("_train_graph")
 
-    def val(self, **kwargs: Any) -> dict[str, float]:
-        """Metrics on a dataset's val split: mAP50-95 and mAP50 (detect), top-1 and top-5 (classify)."""
-        from libreyolo.train.trainer import val
+    @contextlib.contextmanager
+    def _evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:
+        """The master network in eval mode for :meth:`val`, on ``device`` (default as for training:
+        the model's GPU, else cuda:0 when there is one, else the model's device)."""
+        from libreyolo.train.trainer import _default_device
+        from libreyolo.utils.checks import resolve_device
 
-        return val(self, **kwargs)
+        run = resolve_device(device) if device is not None else _default_device(self.device)
+        self.to(run)
+        net, family = self.net, self.family
+        was_training = net.training
+        net.eval()
+        try:
+            yield (lambda x: family.named_outputs(net(x))), run
+        finally:
+            net.train(was_training)
 
     def export(self, format: str = "onnx", **opts: Any):  # noqa: A002 - the name users know
         """Export to ``onnx``/``executorch``/``coreml``/``tensorrt``, validated against this model.

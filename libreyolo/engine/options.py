@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 from libreyolo.options import (
+    MAX_BENCH_N,
     MAX_DET,
     MAX_NMS,
+    MAX_WORKERS,
     Opt,
     as_bool,
     as_device,
@@ -33,4 +35,16 @@ PREDICT_OPTIONS: dict[str, Opt] = {
     "verbose": Opt(as_bool, False, "log one line per image", True),
     "stream": Opt(as_bool, False, "return a generator of Results", True),
     "progress": Opt(as_bool, None, "progress bar on stderr (default: on a terminal, for long runs)", True),
+}
+
+BENCH_OPTIONS: dict[str, Opt] = {
+    "device": Opt(as_device, None, "cpu, cuda, cuda:N (unset: cuda when available)"),
+    "imgsz": imgsz_opt("network input size, also of the exports (unset: the model's)"),
+    "batch": batch_opt(1, "images per predict() call (and the exports' batch)"),
+    "n": Opt(int, 50, "timed calls per format (median reported)", min=1, max=MAX_BENCH_N),
+    "workers": Opt(int, 0, "DataLoader workers of the data= validation", min=0, max=MAX_WORKERS),
+    "floor": Opt(float, 0.01, "fail (exit 1) when a format's metric is below eager minus this (absolute)",
+                 min=0.0, max=1.0),
+    "half": Opt(as_bool, False, "fp16 (CUDA)", True),
+    "cuda_graph": Opt(as_graph_mode, True, "also time predict(cuda_graph=...): true, auto or false", True),
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -55,6 +56,10 @@ class Predictor:
     def _prepare(self, device: torch.device | None, half: bool) -> None:
         """Check that the backend can run a call on ``device`` (None: its own) in ``half``."""
 
+    def _evaluation(self, device: Any, imgsz: int) -> AbstractContextManager[tuple[Any, torch.device]]:
+        """``(forward, device)`` for :meth:`val` at ``imgsz``: a batch tensor in, named outputs out."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be validated")
+
     def _call_settings(self, device: torch.device | None, half: bool | None) -> tuple[torch.device, bool]:
         """(device, half) one call runs with. Never changes the model for later calls: an eager
         model runs the call on an inference copy for that device and precision."""
@@ -72,6 +77,15 @@ class Predictor:
         outputs = self._forward(batch, cuda_graph=cuda_graph)
         clock.mark()
         return self.family.postprocess(outputs, metas, **post)
+
+    def val(self, **kwargs: Any) -> dict[str, float]:
+        """Metrics on a dataset's val split: mAP50-95, mAP50, precision, recall (detect), top-1 and
+        top-5 (classify). The same code for the eager model and every artifact runtime, which
+        supply only the forward: ``model.val(data="data.yaml", imgsz=640, batch=16, conf=0.001,
+        iou=0.7)`` (options: :func:`libreyolo.train.val.val`)."""
+        from libreyolo.train.val import val
+
+        return val(self, **kwargs)
 
     # --- the pipeline ----------------------------------------------------------------------
     def __call__(self, source: Any = None, **kwargs: Any) -> Results | list[Results] | Iterator[Results]:

@@ -55,6 +55,15 @@ def probe_images(imgsz: int, height: int | None = None, seed: int = 0) -> dict[s
     return {"uniform": uniform, "clipped-normal": normal, "ramps": ramps}
 
 
+def _probe_gain(family: Any, imgsz: int) -> float:
+    """What a full-scale probe value (1.0) is at the network input: ``255 * input_scale`` for
+    families fed plain scaled pixels (1 for [0, 1] inputs, 255 for YOLOX's 0..255), 1 for families
+    whose input is normalised by a mean/std (already about unit range)."""
+    norm = family.letterbox(imgsz).normalization()
+    plain = all(m == 0 for m in norm.get("mean", [0])) and all(v == 1 for v in norm.get("std", [1]))
+    return 255.0 * family.export.input_scale if plain else 1.0
+
+
 def sample_batch(family: Any, imgsz: int) -> tuple[torch.Tensor, list[LetterboxMeta]]:
     from libreyolo.assets import SAMPLE_IMAGE
     from libreyolo.data.sources import load_sources
@@ -132,8 +141,8 @@ def compare_group(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, 
 
     The cosine bar is ``min_cosine``, lowered to ``1 - cosine_gap`` where the eager model's own drift
     needs it, and not applied to a group whose values all lie within their allowance of zero (e.g.
-    scores of 1e-9, which one runtime's sigmoid flushes to 0). The result names the element nearest to (or furthest past) its allowance, with the
-    eager, artifact and float64 values there."""
+    scores of 1e-9, which one runtime's sigmoid flushes to 0). The result names the element nearest
+    to (or furthest past) its allowance, with the eager, artifact and float64 values there."""
     if tuple(got.shape) != tuple(ref64.shape):
         return {"group": group.key, "kind": group.kind, "max_abs_error": math.inf, "float64_error": math.inf,
                 "eager_float64_error": 0.0, "ratio": math.inf, "eager_ratio": 0.0, "allowed": 0.0,
@@ -143,12 +152,19 @@ def compare_group(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, 
     g = group.view(got.detach()).double().cpu()
     e = group.view(eager.detach()).double().cpu()
     a = group.view(allowed).double().cpu()
-    err, eager_err = (g - r).abs(), (e - r).abs()
-    finite = bool(torch.isfinite(g).all())
+    # where the eager float32 model itself overflows (inf, or nan from inf - inf), the artifact must
+    # reproduce that value exactly; those elements carry no rounding to measure
+    overflow = ~torch.isfinite(e)
+    same = overflow & ((g == e) | (torch.isnan(g) & torch.isnan(e)))
+    err = torch.where(overflow, torch.zeros_like(r), (g - r).abs())
+    eager_err = torch.where(overflow, torch.zeros_like(r), (e - r).abs())
+    finite = bool((torch.isfinite(g) | same).all()) and bool((same | ~overflow).all())
     ratio = torch.where(torch.isfinite(err), err / a, torch.full_like(err, math.inf))
-    cos = _cosine(r, g)
+    ratio = torch.where(overflow & ~same, torch.full_like(ratio, math.inf), ratio)
+    keep = ~overflow & torch.isfinite(g)
+    cos = _cosine(r[keep], g[keep])
     bar = min(min_cosine, 1.0 - cosine_gap)
-    if float(r.norm()) <= float(a[torch.isfinite(a)].norm()):
+    if float(r[keep].norm()) <= float(a[keep & torch.isfinite(a)].norm()):
         bar = -1.0  # the whole signal lies within its allowance: its direction is noise, not a check
     out: dict[str, Any] = {"group": group.key, "kind": group.kind, "cosine": cos, "min_cosine": bar}
     if not err.numel():
@@ -303,13 +319,14 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         if conf < VALIDATION_CONF:
             report.notes.append(f"the eager model scores few boxes above {VALIDATION_CONF} on the sample image "
                                 f"(e.g. untrained weights), so detections are compared at conf={conf:.3g}")
-    probes = {"sample": sample, **probe_images(opts.imgsz)}
+    gain = _probe_gain(family, opts.imgsz)  # synthetic probes in the network's own input range
+    probes = {"sample": sample, **{k: v * gain for k, v in probe_images(opts.imgsz).items()}}
     batches = _batches(probes, opts.batch)
     if opts.dynamic:
         batches += _batches(probes, opts.batch + 1, count=1)
         if opts.dynamic_spatial:
             h = max(2 * family.stride, opts.imgsz - 2 * family.stride)
-            batches.append(([f"{h}x{opts.imgsz}"], probe_images(opts.imgsz, height=h, seed=1)["uniform"]))
+            batches.append(([f"{h}x{opts.imgsz}"], gain * probe_images(opts.imgsz, height=h, seed=1)["uniform"]))
 
     try:
         net64 = float64_copy(model.net)

@@ -8,8 +8,10 @@ contract names, never by a per-family branch here.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -101,6 +103,23 @@ class ArtifactPredictor(Predictor):
                                 f"LibreYOLO(path, device={str(device)!r}) instead of passing device to predict()")
         if half and self.dtype != torch.float16:
             raise ArgumentError("half=True needs an artifact exported with half=True; this one is float32")
+
+    @contextlib.contextmanager
+    def _evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:
+        """The runtime's forward for :meth:`val`: static batches run in chunks of the exported size
+        (the last one padded), a static input size must be the exported one."""
+        from libreyolo.utils.checks import resolve_device
+
+        dev = resolve_device(device)
+        if dev is not None and dev.type != self.device.type:
+            raise ArgumentError(f"this {self.format} model runs on {self.device}, got device={str(device)!r}: "
+                                f"validate without device=, or load it with LibreYOLO(path, device={str(device)!r}) "
+                                "where its runtime allows")
+        if not self.dynamic_spatial and imgsz != self.imgsz:
+            raise ArgumentError(f"this {self.format} model was exported for imgsz={self.imgsz} (static shape), got "
+                                f"imgsz={imgsz}: validate with imgsz={self.imgsz} (the default) or re-export it with "
+                                f"imgsz={imgsz}")
+        yield self._forward, self.device
 
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
         if cuda_graph:

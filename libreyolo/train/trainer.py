@@ -1,4 +1,4 @@
-"""Training and validation: ``model.train(data=...)``, ``model.val(data=...)``, ``libreyolo train/val``.
+"""Training: ``model.train(data=...)``, ``libreyolo train`` (validation: :mod:`libreyolo.train.val`).
 
 One loop for every family with a training contract (a loss in :mod:`libreyolo.train.loss`, the
 task's dataset in :mod:`libreyolo.train.data`, the task's metrics in :mod:`libreyolo.train.metrics`):
@@ -140,16 +140,9 @@ class Trainer:
 
     # --- set-up ------------------------------------------------------------------------------------
     def _data(self):
-        from libreyolo.train import data as D
+        from libreyolo.train.val import load_dataset
 
-        task = self.model.task
-        if task == "detect":
-            cfg = D.load_data_yaml(self.args.data)
-        elif task == "classify":
-            cfg = D.load_classify_root(self.args.data)
-        else:
-            raise LibreYOLOError(f"training for task {task!r} is not available")
-        return cfg
+        return load_dataset(self.model.task, self.args.data)
 
     def _adapt_classes(self, cfg) -> None:
         """Make the model's classes the dataset's: a new head when the number differs (weights of
@@ -168,9 +161,9 @@ class Trainer:
             model.net, model.nc = fresh.net, cfg.nc
         model.names = dict(cfg.names)
 
-    def _loaders(self, cfg, imgsz: int, *, with_train: bool = True):
-        """(train set, train loader, val loader); ``with_train=False`` (val()) scans only the val split."""
+    def _loaders(self, cfg, imgsz: int):
         from libreyolo.train import data as D
+        from libreyolo.train.val import val_dataset
 
         a = self.args
         distributed = self.world > 1
@@ -180,20 +173,15 @@ class Trainer:
             hyp = D.AugmentConfig(**{k: getattr(a, k) for k in (
                 "mosaic", "close_mosaic", "degrees", "translate", "scale", "shear", "fliplr", "flipud", "hsv_h",
                 "hsv_s", "hsv_v")})
-            train = D.DetectionDataset(cfg.train, cfg.names, imgsz, augment=True, hyp=hyp) if with_train else None
-            val = D.DetectionDataset(cfg.val, cfg.names, imgsz, augment=False) if cfg.val else None
-            collate = D.collate_detect
+            train = D.DetectionDataset(cfg.train, cfg.names, imgsz, augment=True, hyp=hyp)
         else:
             box = self.model.family.letterbox(imgsz)
             norm = box.normalization() if hasattr(box, "normalization") else {"mean": [0.0] * 3, "std": [1.0] * 3}
-            train = (D.ClassifyDataset(cfg.samples("train"), imgsz, augment=True, mean=norm["mean"], std=norm["std"])
-                     if with_train else None)
-            val = D.ClassifyDataset(cfg.samples("val"), imgsz, augment=False, mean=norm["mean"], std=norm["std"]) \
-                if cfg.val else None
-            collate = D.collate_classify
-        train_loader = None if train is None else D.build_dataloader(
-            train, per_rank, shuffle=True, workers=a.workers, pin_memory=pin, seed=a.seed + self.rank,
-            collate_fn=collate, distributed=distributed)
+            train = D.ClassifyDataset(cfg.samples("train"), imgsz, augment=True, mean=norm["mean"], std=norm["std"])
+        collate = D.collate_detect if self.model.task == "detect" else D.collate_classify
+        val = val_dataset(self.model, cfg, imgsz)[0] if cfg.val else None  # what model.val() reads too
+        train_loader = D.build_dataloader(train, per_rank, shuffle=True, workers=a.workers, pin_memory=pin,
+                                          seed=a.seed + self.rank, collate_fn=collate, distributed=distributed)
         val_loader = None
         if val is not None and self.rank == 0:
             val_loader = D.build_dataloader(val, per_rank * 2, shuffle=False, workers=a.workers, pin_memory=pin,
@@ -550,40 +538,6 @@ def train(model: Any, **kwargs: Any) -> dict[str, Any]:
     trainer = Trainer(model, args)
     with _quiet_tqdm_monitor():
         return trainer.train()
-
-
-def val(model: Any, *, data: str, imgsz: int | None = None, batch: int = 16, workers: int = 2,
-        device: str | None = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
-    """``model.val(data=...)``: metrics of the model on the dataset's val split.
-
-    Options are checked as ``predict()`` checks them (:data:`libreyolo.train.options.VAL_OPTIONS`,
-    and ``imgsz`` a multiple of the model's stride); only the val split is scanned.
-    """
-    from libreyolo.options import check_all
-    from libreyolo.train.options import VAL_OPTIONS
-
-    o = check_all(VAL_OPTIONS, {"data": data, "imgsz": imgsz, "batch": batch, "workers": workers, "device": device,
-                                "conf": conf, "iou": iou, "max_det": max_det}, command="val")
-    if not o["data"]:
-        raise ArgumentError("val needs data=: a dataset YAML (detect) or an image-folder root (classify)")
-    size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
-    from libreyolo.options import check_input_budget
-
-    check_input_budget(o["batch"], size, explicit=True)
-    args = TrainArgs(**o)
-    args.check()
-    _require_train_extra(model.task)
-    trainer = Trainer(model, args)
-    cfg = trainer._data()
-    if cfg.nc != model.nc:
-        raise ArgumentError(f"the dataset has {cfg.nc} classes and the model {model.nc}; validate a model trained "
-                            "on this dataset")
-    if not cfg.val:
-        raise ArgumentError(f"{data} has no val split to validate on")
-    model.to(trainer.device)
-    _, _, loader = trainer._loaders(cfg, size, with_train=False)
-    return validate(model, model.net, loader, conf=o["conf"], iou=o["iou"], max_det=o["max_det"],
-                    device=trainer.device)
 
 
 def _require_train_extra(task: str, *, validating: bool = True) -> None:

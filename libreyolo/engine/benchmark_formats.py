@@ -1,0 +1,311 @@
+"""``libreyolo benchmark``: one row per format (eager, CUDA graphs, each artifact format).
+
+For a checkpoint, each selected format is exported through the normal ``model.export(format=...,
+imgsz=...)`` path, so every artifact is validated by the normal validator, then loaded by its
+runtime, timed with ``predict()`` on the same frames as eager and, with ``data=``, validated on
+the dataset with the same ``val()`` as eager. A format that cannot run on this machine gets a row
+saying why, without being exported.
+
+Columns: file size, validation status, the largest error against a float64 copy of the eager
+model (from the export's validation report, when it records one), mAP50-95 (detect) or top-1
+(classify) on ``data``, ms per image and images/s of ``predict()``. A run *fails* (exit status 1
+on the command line) when an export does not validate or an artifact's metric is below
+``eager - floor``.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from libreyolo.errors import ArgumentError, LibreYOLOError
+from libreyolo.utils.log import LOGGER
+
+EAGER, CUDA_GRAPH = "eager", "cuda_graph"
+CPU_ONLY = {"executorch", "coreml"}  # exported (traced) and run on the CPU whatever the model's device
+# runtimes that need more than their exporter checks for (an engine is built only where it runs)
+NEEDS = {"tensorrt": ("tensorrt", "needs tensorrt and an NVIDIA GPU")}
+METRIC = {"detect": "mAP50-95", "classify": "top1"}
+
+
+@dataclass
+class Row:
+    format: str
+    status: str                     # reference, timing only, passed, failed, below floor, not run
+    reason: str = ""
+    file: str | None = None
+    size_mib: float | None = None
+    float64_error: float | None = None  # largest abs difference of the raw outputs from float64 eager
+    metric: float | None = None
+    ms_per_image: float | None = None
+    images_per_s: float | None = None
+    export_s: float | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("failed", "below floor")
+
+
+def parse_formats(value: Any) -> list[str] | None:
+    """``"onnx,executorch"`` -> canonical format names; ``eager`` (or ``none``) -> []; None/``auto`` -> None
+    (every format, those that cannot run here with a row saying why)."""
+    from libreyolo.export.base import get_exporter
+
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).replace(" ", ",").split(",")
+    items = [str(i).strip().lower() for i in items if str(i).strip()]
+    if items in ([], ["auto"], ["all"]):
+        return None
+    if set(items) <= {EAGER, "pytorch", "none"}:
+        return []
+    out = []
+    for item in items:
+        if item in (EAGER, "pytorch", "none", CUDA_GRAPH):
+            continue  # the eager (and graph) rows are always there: they are the reference
+        name = get_exporter(item).name  # ArgumentError naming the known formats
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def why_not_here(model: Any, fmt: str, *, imgsz: int, batch: int, half: bool) -> str | None:
+    """Why ``fmt`` cannot be exported and run on this machine, or None when it can."""
+    import importlib.util
+
+    from libreyolo.export.base import ExportOptions, get_exporter
+
+    exporter = get_exporter(fmt)
+    device = torch.device("cpu") if fmt in CPU_ONLY else model.device
+    opts = ExportOptions(fmt, imgsz, batch, half=half, device=device)
+    need = NEEDS.get(fmt)
+    if need and (importlib.util.find_spec(need[0]) is None or not torch.cuda.is_available()):
+        return need[1]
+    reason = exporter.not_validated_reason(opts)
+    if reason:
+        return reason
+    try:
+        exporter.check(opts)
+    except LibreYOLOError as exc:
+        return str(exc)
+    return None
+
+
+def _frames(batch: int) -> list[np.ndarray]:
+    return [(np.random.RandomState(i).rand(480, 640, 3) * 255).astype(np.uint8) for i in range(batch)]
+
+
+def _time(model: Any, frames: list[np.ndarray], n: int, desc: str, **kw: Any) -> dict[str, float]:
+    from libreyolo.engine.benchmark import time_predict
+
+    t = time_predict(model, frames, n=n, warmup=min(5, n), desc=desc, conf=0.25, **kw)
+    per_image = t["predict_ms"] / len(frames)
+    return {"timing": t, "ms_per_image": per_image, "images_per_s": 1e3 / per_image if per_image > 0 else None}
+
+
+def _metric(model: Any, data: str, *, imgsz: int, workers: int, device: Any = None) -> float:
+    """The headline metric of ``model.val()`` (the test suite wraps this to construct a drop)."""
+    metrics = model.val(data=data, imgsz=imgsz, workers=workers, device=device)
+    return metrics[METRIC[model.task]]
+
+
+def _size_mib(path: Path) -> float:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+    return path.stat().st_size / 2**20
+
+
+def _export_row(model: Any, fmt: str, folder: Path, frames: list[np.ndarray], *, imgsz: int, batch: int,
+                half: bool, n: int, data: str | None, workers: int) -> tuple[Row, dict[str, Any] | None]:
+    from libreyolo import LibreYOLO
+    from libreyolo.export.base import ExportError, get_exporter
+
+    stem = Path(model.source).stem if getattr(model, "source", None) else f"{model.family.name}{model.size}"
+    output = folder / f"{stem}-{imgsz}{get_exporter(fmt).suffix}"
+    opts: dict[str, Any] = {"imgsz": imgsz, "batch": batch, "output": output, "verbose": False}
+    if half:
+        opts["half"] = True
+    if fmt in CPU_ONLY and model.device.type != "cpu":
+        opts["device"] = "cpu"
+    LOGGER.info("benchmark: exporting %s (imgsz %d, batch %d) to %s", fmt, imgsz, batch, output)
+    start = time.perf_counter()
+    try:
+        report = model.export(format=fmt, **opts)
+    except ExportError as exc:  # the toolchain failed or the artifact does not match eager
+        first = str(exc).strip().splitlines()[0]
+        return Row(fmt, "failed", first, export_s=time.perf_counter() - start), None
+    except LibreYOLOError as exc:  # a missing package, an option this format refuses
+        return Row(fmt, "not run", str(exc), export_s=time.perf_counter() - start), None
+    except Exception as exc:  # noqa: BLE001 - a toolchain crash fails this row, not the whole table
+        return Row(fmt, "failed", f"export crashed: {type(exc).__name__}: {exc}",
+                   export_s=time.perf_counter() - start), None
+    validation = report.validation.to_dict()
+    row = Row(fmt, report.validation.status, "", str(report.path), _size_mib(Path(report.path)),
+              validation.get("artifact_float64_error"), export_s=report.seconds)
+    if report.validation.status != "passed":  # "not validated": the runtime cannot run here
+        row.status, row.reason = "not run", f"not validated here: {report.validation.reason}"
+        return row, validation
+    try:
+        artifact = LibreYOLO(report.path)
+    except LibreYOLOError as exc:
+        row.status, row.reason = "not run", f"exported and validated, but cannot be loaded here: {exc}"
+        return row, validation
+    try:
+        timed = _time(artifact, frames, n, fmt, half=half or None)
+        row.timing, row.ms_per_image, row.images_per_s = timed["timing"], timed["ms_per_image"], timed["images_per_s"]
+        if data:
+            row.metric = _metric(artifact, data, imgsz=imgsz, workers=workers)
+    except Exception as exc:  # noqa: BLE001 - it validated but does not run on the benchmark's frames or data
+        row.status, row.reason = "failed", f"validated, then failed in predict()/val(): {type(exc).__name__}: {exc}"
+    return row, validation
+
+
+@dataclass
+class BenchmarkResult:
+    model: str
+    task: str
+    device: str
+    imgsz: int
+    batch: int
+    n: int
+    data: str | None
+    floor: float
+    metric_name: str
+    rows: list[Row]
+    save_dir: str | None
+
+    @property
+    def failures(self) -> list[Row]:
+        return [r for r in self.rows if r.failed]
+
+    def to_dict(self) -> dict[str, Any]:
+        from libreyolo import __version__
+
+        head = {k: v for k, v in asdict(self).items() if k != "rows"}
+        return {**head, "libreyolo": __version__, "torch": torch.__version__, "platform": sys.platform,
+                "passed": not self.failures, "rows": [asdict(r) for r in self.rows]}
+
+
+def _check(batch: Any, n: Any, floor: Any, workers: Any) -> float:
+    """The options as ``libreyolo benchmark`` checks them (:data:`libreyolo.engine.options.BENCH_OPTIONS`)."""
+    from libreyolo.engine.options import BENCH_OPTIONS as B
+
+    B["batch"].check("batch", batch)
+    B["n"].check("n", n)
+    B["workers"].check("workers", workers)
+    return B["floor"].check("floor", floor)
+
+
+def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str | None = None,
+                      imgsz: int | None = None, batch: int = 1, n: int = 50, half: bool = False,
+                      cuda_graph: bool | str = True, floor: float = 0.01, save_dir: str | Path | None = None,
+                      workers: int = 0) -> BenchmarkResult:
+    """Rows for eager, CUDA graphs (on CUDA) and each of ``formats`` (None: every export format)."""
+    from libreyolo.export.base import FORMATS
+
+    floor = _check(batch, n, floor, workers)
+    imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
+    frames = _frames(batch)
+    if not hasattr(model, "export"):  # an artifact: its own row, nothing to export
+        return _artifact_only(model, formats, frames, data=data, imgsz=imgsz, n=n, half=half, floor=floor,
+                              workers=workers)
+    rows: list[Row] = []
+    eager = Row(EAGER, "reference", file=getattr(model, "source", None))
+    if eager.file and Path(eager.file).is_file():
+        eager.size_mib = _size_mib(Path(eager.file))
+    timed = _time(model, frames, n, EAGER, imgsz=imgsz, half=half)
+    eager.timing, eager.ms_per_image, eager.images_per_s = timed["timing"], timed["ms_per_image"], timed["images_per_s"]
+    if data:
+        eager.metric = _metric(model, data, imgsz=imgsz, workers=workers, device=model.device)
+    rows.append(eager)
+    if cuda_graph:
+        graph = Row(CUDA_GRAPH, "timing only", reason=f"cuda_graph={cuda_graph}: replays the eager network")
+        why = None if model.device.type == "cuda" else f"CUDA graphs need a CUDA device (model on {model.device})"
+        if why is None:
+            try:
+                timed = _time(model, frames, n, CUDA_GRAPH, imgsz=imgsz, half=half, cuda_graph=cuda_graph)
+                graph.timing, graph.ms_per_image = timed["timing"], timed["ms_per_image"]
+                graph.images_per_s = timed["images_per_s"]
+            except (LibreYOLOError, NotImplementedError) as exc:  # a family without graph support
+                why = str(exc)
+        if why:
+            graph.status, graph.reason = "not run", why
+        rows.append(graph)
+    chosen = list(FORMATS) if formats is None else (parse_formats(formats) or [])  # aliases: pte, pt2, ...
+    keep = save_dir is not None
+    folder = Path(save_dir) if keep else Path(tempfile.mkdtemp(prefix="libreyolo-benchmark-"))
+    if keep:
+        folder.mkdir(parents=True, exist_ok=True)
+    reports: list[dict[str, Any]] = []
+    try:
+        for fmt in chosen:
+            why = why_not_here(model, fmt, imgsz=imgsz, batch=batch, half=half)
+            if why:
+                rows.append(Row(fmt, "not run", f"not run here: {why}"))
+                continue
+            row, validation = _export_row(model, fmt, folder, frames, imgsz=imgsz, batch=batch, half=half, n=n,
+                                          data=data, workers=workers)
+            if validation is not None:
+                reports.append(validation)
+            if not keep:
+                row.file = Path(row.file).name if row.file else None  # the folder is removed below
+            rows.append(row)
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    eager.float64_error = next((r["eager_float64_error"] for r in reports if r.get("eager_float64_error") is not None),
+                               None)
+    if eager.metric is not None:
+        for row in rows[1:]:
+            if row.metric is not None and row.metric < eager.metric - floor:
+                row.status = "below floor"
+                row.reason = (f"{METRIC[model.task]} {row.metric:.4f} < eager {eager.metric:.4f} - floor {floor:g}")
+    name = Path(model.source).name if getattr(model, "source", None) else f"{model.family.name}-{model.size}"
+    return BenchmarkResult(name, model.task, str(model.device), imgsz, batch, n, data, floor, METRIC[model.task],
+                           rows, str(folder) if keep else None)
+
+
+def _artifact_only(model: Any, formats: list[str] | None, frames: list[np.ndarray], *, data: str | None, imgsz: int,
+                   n: int, half: bool, floor: float, workers: int) -> BenchmarkResult:
+    if formats:
+        raise ArgumentError(f"{model.path.name} is a {model.format} artifact and cannot be exported to "
+                            f"{', '.join(formats)}: benchmark its checkpoint (.pt) for other formats, or pass no "
+                            "formats=")
+    recorded = model.validation
+    row = Row(model.format, str(recorded.get("status", "unknown")), "validation recorded at export",
+              str(model.path), _size_mib(model.path), recorded.get("artifact_float64_error"))
+    timed = _time(model, frames, n, model.format, imgsz=imgsz, half=half or None)
+    row.timing, row.ms_per_image, row.images_per_s = timed["timing"], timed["ms_per_image"], timed["images_per_s"]
+    if data:
+        row.metric = _metric(model, data, imgsz=imgsz, workers=workers)
+    return BenchmarkResult(model.path.name, model.task, str(model.device), imgsz, len(frames), n, data, floor,
+                           METRIC[model.task], [row], None)
+
+
+def _cell(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(result: BenchmarkResult) -> str:
+    metric = result.metric_name if result.data else f"{result.metric_name} (no data=)"
+    head = (f"{'format':<12}{'size MiB':>9}  {'validation':<12}{'err vs fp64':>12}{metric:>{max(10, len(metric) + 2)}}"
+            f"{'ms/img':>9}{'img/s':>8}  note")
+    lines = [f"{result.model} ({result.task}) on {result.device}, imgsz {result.imgsz}, batch {result.batch}, "
+             f"median of {result.n} predict() calls" + (f", data {result.data}" if result.data else ""), head]
+    width = max(10, len(metric) + 2)
+    for r in result.rows:
+        lines.append(f"{r.format:<12}{_cell(r.size_mib, '.1f'):>9}  {r.status:<12}{_cell(r.float64_error, '.2e'):>12}"
+                     f"{_cell(r.metric, '.4f'):>{width}}{_cell(r.ms_per_image, '.2f'):>9}"
+                     f"{_cell(r.images_per_s, '.1f'):>8}  {r.reason}".rstrip())
+    bad = result.failures
+    lines.append(f"FAILED: {', '.join(r.format for r in bad)}" if bad else "all run formats passed"
+                 + (f" (floor {result.floor:g} below eager)" if result.data else ""))
+    return "\n".join(lines)

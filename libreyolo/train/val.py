@@ -1,0 +1,78 @@
+"""``model.val(data=...)`` for every model: the eager network and each exported artifact.
+
+One implementation: the options are checked here, the dataset is read and letterboxed here, the
+metrics are computed by :func:`libreyolo.train.evaluate.evaluate`. A model supplies only its
+forward, through ``model._evaluation(device, imgsz)`` (a context manager yielding
+``(forward, device)``): the eager :class:`~libreyolo.engine.model.Model` runs its network, an
+:class:`~libreyolo.runtimes.base.ArtifactPredictor` runs its runtime (static batches are fed in
+chunks of the exported size; a static input size must be the one validated at).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from libreyolo.errors import ArgumentError, LibreYOLOError
+
+__all__ = ["load_dataset", "val", "val_dataset"]
+
+
+def load_dataset(task: str, data: Any):
+    """The dataset description of ``data`` for ``task``: a detection YAML or a classification root."""
+    from libreyolo.train import data as D
+
+    if not isinstance(data, (str, bytes)) and not hasattr(data, "__fspath__"):
+        raise ArgumentError(f"data must be a dataset YAML (detect) or an image-folder root (classify), got {data!r}")
+    if task == "detect":
+        return D.load_data_yaml(data)
+    if task == "classify":
+        return D.load_classify_root(data)
+    raise LibreYOLOError(f"training and validation for task {task!r} are not available")
+
+
+def val_dataset(model: Any, cfg: Any, imgsz: int):
+    """The evaluation dataset of ``cfg``'s val split at ``imgsz`` and its collate function (the
+    trainer's per-epoch validation reads the same one)."""
+    from libreyolo.train import data as D
+
+    if model.task == "detect":
+        return D.DetectionDataset(cfg.val, cfg.names, imgsz, augment=False), D.collate_detect
+    box = model.family.letterbox(imgsz)
+    norm = box.normalization() if hasattr(box, "normalization") else {"mean": [0.0] * 3, "std": [1.0] * 3}
+    return (D.ClassifyDataset(cfg.samples("val"), imgsz, augment=False, mean=norm["mean"], std=norm["std"]),
+            D.collate_classify)
+
+
+def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 16, workers: int = 2,
+        device: Any = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
+    """Metrics of ``model`` (eager or artifact) on the val split of ``data``: ``mAP50-95``,
+    ``mAP50``, ``precision``, ``recall`` (detect) or ``top1``, ``top5`` (classify).
+
+    Options are checked by :data:`libreyolo.train.options.VAL_OPTIONS` (the table ``predict()``
+    and ``libreyolo val`` use too); ``imgsz`` is the model's (an artifact's: the size it was
+    exported for) unless given, and must be a multiple of its stride.
+    """
+    from libreyolo.options import check_all, check_input_budget
+    from libreyolo.train.data import build_dataloader
+    from libreyolo.train.evaluate import evaluate
+    from libreyolo.train.options import VAL_OPTIONS
+    from libreyolo.train.trainer import _require_train_extra
+
+    o = check_all(VAL_OPTIONS, {"data": data, "imgsz": imgsz, "batch": batch, "workers": workers, "device": device,
+                                "conf": conf, "iou": iou, "max_det": max_det}, command="val")
+    if not o["data"]:
+        raise ArgumentError("val needs data=: a dataset YAML (detect) or an image-folder root (classify)")
+    conf, iou, batch, max_det, workers = o["conf"], o["iou"], o["batch"], o["max_det"], o["workers"]
+    size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
+    check_input_budget(batch, size, explicit=True)
+    _require_train_extra(model.task)  # before the dataset is scanned
+    cfg = load_dataset(model.task, data)
+    if cfg.nc != model.nc:
+        raise ArgumentError(f"the dataset {data} has {cfg.nc} classes and the model {model.nc}; validate a model "
+                            "trained on this dataset")
+    if not cfg.val:
+        raise ArgumentError(f"{data} has no val split to validate on")
+    with model._evaluation(device, size) as (forward, run_device):
+        dataset, collate = val_dataset(model, cfg, size)
+        loader = build_dataloader(dataset, batch, shuffle=False, workers=workers,
+                                  pin_memory=run_device.type == "cuda", seed=0, collate_fn=collate)
+        return evaluate(model, forward, loader, device=run_device, conf=conf, iou=iou, max_det=max_det)
