@@ -361,6 +361,41 @@ def test_metadata_that_contradicts_the_graph_is_named(static_onnx, tmp_path, val
     assert message in str(info.value), str(info.value)
 
 
+def _restamped(src: Path, dst: Path, **values) -> Path:
+    """Like :func:`_edited`, then with ``metadata_sha256`` recomputed: an edit the hashes cannot catch."""
+    from libreyolo.export.metadata import metadata_sha256
+
+    _edited(src, dst, **values)
+    model = onnx.load(str(dst))
+    props = {p.key: p.value for p in model.metadata_props}
+    for entry in model.metadata_props:
+        if entry.key == "metadata_sha256":
+            entry.value = metadata_sha256(props)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_issue22_edited_dynamic_axes_are_caught_by_the_hash_before_any_structural_check(static_onnx, tmp_path):
+    bad = _edited(static_onnx, tmp_path / "axes.onnx", dynamic_axes={"images": 5})
+    with pytest.raises(CheckpointError, match="edited after export"):
+        LibreYOLO(bad)
+    with pytest.raises(CheckpointError, match="'dynamic_axes' of 'images' must map axis numbers"):
+        LibreYOLO(bad, verify=False)
+
+
+def test_issue22_deeply_nested_onnx_metadata_is_refused_without_recursion(static_onnx, tmp_path):
+    bad = _edited(static_onnx, tmp_path / "deep.onnx", names="[" * 200_000)
+    for verify in (True, False):
+        with pytest.raises(CheckpointError, match="edited after export" if verify else "nested more than"):
+            LibreYOLO(bad, verify=verify)
+
+
+def test_issue22_an_input_dtype_the_graph_contradicts_is_refused_at_load(static_onnx, tmp_path):
+    bad = _restamped(static_onnx, tmp_path / "fp16.onnx", input_dtype="float16")
+    with pytest.raises(CheckpointError, match="'input_dtype' is 'float16' but the graph's input 'images' is float32"):
+        LibreYOLO(bad)
+
+
 def test_edited_embedded_nms_settings_are_caught(nms_onnx, tmp_path):
     nms = json.loads({p.key: p.value for p in onnx.load(str(nms_onnx)).metadata_props}["nms"])
     rows = _edited(nms_onnx, tmp_path / "rows.onnx", nms={**nms, "max_det": nms["max_det"] // 2})
