@@ -21,6 +21,7 @@ import resource
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,6 @@ from hypothesis import strategies as st  # noqa: E402
 from libreyolo import LibreYOLO  # noqa: E402
 from libreyolo.cli import COMMANDS, main  # noqa: E402
 from libreyolo.errors import LibreYOLOError  # noqa: E402
-from libreyolo.options import Opt  # noqa: E402
 
 IMG = 64
 CI_EXAMPLES = 25
@@ -54,28 +54,30 @@ def _fuzz_settings(examples: int, seconds: float) -> settings:
                                            HealthCheck.data_too_large], database=None)
 
 
-def _numbers(opt: Opt) -> list[str]:
+def _numbers(opt: Any) -> list[str]:
     out = []
-    for bound in (opt.min, opt.max):
+    for bound in (getattr(opt, "min", None), getattr(opt, "max", None)):
         if bound is not None:
             for v in (bound - 1, bound - 1e-9, bound, bound + 1e-9, bound + 1, bound * 10 + 1, bound * 1e6):
                 out.append(repr(int(v)) if opt.type is int and float(v).is_integer() else repr(float(v)))
     return out
 
 
-def cli_value(opt: Opt) -> st.SearchStrategy[str]:
-    """Strings at and beyond the option's declared edges, and plain junk."""
+def cli_value(opt: Any) -> st.SearchStrategy[str]:
+    """Strings at and beyond the option's declared edges (``libreyolo.options.Opt``), and plain junk.
+    Written against the declaration's fields with defaults, so the suite also runs on older code."""
     parts = [st.sampled_from(EDGES), st.text(max_size=12)]
     if opt.type in (int, float):
         parts += [st.sampled_from(_numbers(opt) or ["0"]), st.integers().map(str),
                   st.floats(allow_nan=True, allow_infinity=True).map(repr)]
-    if opt.choices:
-        parts.append(st.sampled_from([*opt.choices, *(c.upper() for c in opt.choices), " " + opt.choices[0]]))
+    choices = getattr(opt, "choices", ())
+    if choices:
+        parts.append(st.sampled_from([*choices, *(c.upper() for c in choices), " " + choices[0]]))
     return st.one_of(*parts)
 
 
 @st.composite
-def cli_tokens(draw, opts: dict[str, Opt], skip: tuple[str, ...] = ()) -> list[str]:
+def cli_tokens(draw, opts: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
     keys = [k for k in opts if k not in skip]
     tokens: list[str] = []
     for _ in range(draw(st.integers(0, 5))):
@@ -195,9 +197,9 @@ PY_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st
 
 
 def _py_predict(examples: int, model, picture: Path):
-    from libreyolo.engine.options import PREDICT_OPTIONS
+    import inspect
 
-    keys = [k for k in PREDICT_OPTIONS if k not in ("imgsz", "stream")]
+    keys = [k for k in inspect.signature(model.predict).parameters if k not in ("source", "imgsz", "stream")]
 
     @_fuzz_settings(examples, 30)
     @given(kwargs=st.dictionaries(st.sampled_from(keys), PY_VALUES, max_size=4))
