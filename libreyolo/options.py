@@ -54,6 +54,7 @@ class Opt:
     choices: tuple[str, ...] = ()
     unit: str = ""
     none_ok: bool | None = None
+    pair_ok: bool = False  # an int option that also takes a pair of equal values ((640, 640) for imgsz)
 
     # --- what it allows, in words ---------------------------------------------------------
     def allowed(self) -> str:
@@ -107,6 +108,8 @@ class Opt:
 
     def _int(self, name: str, value: Any) -> int:
         shown = value
+        if self.pair_ok and isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+            value = value[0]
         if isinstance(value, str):
             text = value.strip()
             if not text or len(text) > 32:
@@ -211,8 +214,11 @@ def as_ids(name: str, value: Any) -> list[int]:
             raise ArgumentError(f"{name} must be class ids like 0,2,5, got {_show(value)}") from None
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         items = [value]
-    elif isinstance(value, (list, tuple, range)):
-        items = value
+    elif isinstance(value, (list, tuple, range, set, frozenset)) or (
+            hasattr(value, "__iter__") and hasattr(value, "dtype")):  # numpy arrays and tensors of ids
+        items = list(value.tolist() if hasattr(value, "tolist") else value)
+        if len(items) > 100_000:
+            raise ArgumentError(f"{name} must be at most 100000 class ids, got {len(items)}")
     else:
         raise ArgumentError(f"{name} must be class ids like [0, 2], got {type(value).__name__} {_show(value)}")
     out = []
@@ -230,7 +236,7 @@ def fraction(default: float, help: str) -> Opt:  # noqa: A002 - the field's name
 
 def imgsz_opt(help: str = "network input size (a multiple of the model stride; default from the model)"  # noqa: A002
               ) -> Opt:
-    return Opt(int, None, help, min=1, max=MAX_IMGSZ, unit="pixels")
+    return Opt(int, None, help, min=1, max=MAX_IMGSZ, unit="pixels", pair_ok=True)
 
 
 def batch_opt(default: int | None, help: str) -> Opt:  # noqa: A002

@@ -216,7 +216,11 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
     family, *_ = check_metadata(meta, where)
     build = read_build_info(path)
     if build.get("inputs") and build.get("outputs"):
-        as_shape = {k: tuple(v) for k, v in build["inputs"].items()}, {k: tuple(v) for k, v in build["outputs"].items()}
+        try:
+            as_shape = ({k: tuple(v) for k, v in build["inputs"].items()},
+                        {k: tuple(v) for k, v in build["outputs"].items()})
+        except (AttributeError, TypeError):
+            raise CheckpointError(f"{where}: its build record's shapes are damaged; re-export it") from None
         check_graph(meta, family, *as_shape, where)
     compiled_for = _package_device(meta, where)
     dev = resolve_device(device) or compiled_for

@@ -534,23 +534,12 @@ def train(model: Any, **kwargs: Any) -> dict[str, Any]:
     """``model.train(...)``: see :class:`TrainArgs` for the options (a family may change some
     defaults: ``Family.train_defaults``)."""
     args = TrainArgs.from_kwargs({**model.family.train_defaults, **kwargs})
-    _require_train_extra(model.task, validating=args.val)
+    from libreyolo.train.options import require_train_extra
+
+    require_train_extra(model.task, validating=args.val)
     trainer = Trainer(model, args)
     with _quiet_tqdm_monitor():
         return trainer.train()
-
-
-def _require_train_extra(task: str, *, validating: bool = True) -> None:
-    """The ``train`` extra's packages, checked before any dataset is scanned (and not first inside a
-    DataLoader worker, where the error would be a traceback)."""
-    from libreyolo.errors import require
-
-    if task == "detect":
-        require("cv2", "train", "detection training and validation (image resizing and augmentation)")
-        if validating:
-            from libreyolo.train.metrics import _coco_backend
-
-            _coco_backend()  # faster-coco-eval or pycocotools, for mAP
 
 
 @contextlib.contextmanager

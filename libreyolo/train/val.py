@@ -54,8 +54,7 @@ def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 
     from libreyolo.options import check_all, check_input_budget
     from libreyolo.train.data import build_dataloader
     from libreyolo.train.evaluate import evaluate
-    from libreyolo.train.options import VAL_OPTIONS
-    from libreyolo.train.trainer import _require_train_extra
+    from libreyolo.train.options import VAL_OPTIONS, require_train_extra
 
     o = check_all(VAL_OPTIONS, {"data": data, "imgsz": imgsz, "batch": batch, "workers": workers, "device": device,
                                 "conf": conf, "iou": iou, "max_det": max_det}, command="val")
@@ -64,7 +63,7 @@ def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 
     conf, iou, batch, max_det, workers = o["conf"], o["iou"], o["batch"], o["max_det"], o["workers"]
     size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
     check_input_budget(batch, size, explicit=True)
-    _require_train_extra(model.task)  # before the dataset is scanned
+    require_train_extra(model.task)  # before the dataset is scanned
     cfg = load_dataset(model.task, data)
     if cfg.nc != model.nc:
         raise ArgumentError(f"the dataset {data} has {cfg.nc} classes and the model {model.nc}; validate a model "

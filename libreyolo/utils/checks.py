@@ -9,6 +9,7 @@ call argument :class:`ArgumentError`.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -212,6 +213,7 @@ def nonfinite_keys(state: Mapping[str, Any], limit: int = 5) -> tuple[list[str],
 
 MAX_JSON_BYTES = 16 << 20  # metadata entries and sidecar files
 MAX_JSON_DEPTH = 32
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 
 
 def load_json(text: Any, where: str, error: type[LibreYOLOError], *, max_bytes: int = MAX_JSON_BYTES,
@@ -229,24 +231,13 @@ def load_json(text: Any, where: str, error: type[LibreYOLOError], *, max_bytes: 
         raise error(f"{where} is not JSON text but {type(text).__name__}")
     if len(text) > max_bytes:
         raise error(f"{where} holds {len(text):,} characters of JSON, over the limit of {max_bytes:,}")
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):  # strings as whole tokens, so brackets inside them do not count
+        ch = token.group()
+        if ch in "[{":
             depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > max_depth:
-                    raise error(f"{where} is JSON nested more than {max_depth} levels deep; not LibreYOLO metadata")
+            if depth > max_depth:
+                raise error(f"{where} is JSON nested more than {max_depth} levels deep; not LibreYOLO metadata")
         elif ch in "]}":
             depth -= 1
     try:
