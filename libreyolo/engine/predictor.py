@@ -132,7 +132,7 @@ class Predictor:
             given[name] = PREDICT_OPTIONS[name].check(name, value)
         conf, iou, max_det, max_nms = given["conf"], given["iou"], given["max_det"], given["max_nms"]
         classes, half, batch, cuda_graph = given["classes"], given["half"], given["batch"], given["cuda_graph"]
-        verbose, stream, progress = given["verbose"], given["stream"], given["progress"]
+        verbose, stream, progress, color_format = (given[k] for k in ("verbose", "stream", "progress", "color_format"))
         imgsz = self.family.check_imgsz(self.imgsz if given["imgsz"] is None else given["imgsz"])
         step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
         if classes is not None:
