@@ -63,6 +63,21 @@ def _numbers(opt: Any) -> list[str]:
     return out
 
 
+def valid_value(opt: Any) -> st.SearchStrategy[str]:
+    """Values the declaration allows (small ones: a valid but huge size is only slow)."""
+    parts = [st.just(str(opt.default))] if opt.default is not None else []
+    lo, hi = getattr(opt, "min", None), getattr(opt, "max", None)
+    if opt.type is int and lo is not None and hi is not None:
+        parts.append(st.integers(int(lo), int(min(hi, lo + 64))).map(str))
+    elif opt.type is float and lo is not None and hi is not None:
+        parts.append(st.floats(lo, hi).map(repr))
+    if getattr(opt, "choices", ()):
+        parts.append(st.sampled_from(opt.choices))
+    if opt.flag_value is not None:  # a flag: true/false
+        parts.append(st.sampled_from(["true", "false", "0", "1"]))
+    return st.one_of(*parts) if parts else st.sampled_from(EDGES)
+
+
 def cli_value(opt: Any) -> st.SearchStrategy[str]:
     """Strings at and beyond the option's declared edges (``libreyolo.options.Opt``), and plain junk.
     Written against the declaration's fields with defaults, so the suite also runs on older code."""
@@ -80,11 +95,11 @@ def cli_value(opt: Any) -> st.SearchStrategy[str]:
 def cli_tokens(draw, opts: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
     keys = [k for k in opts if k not in skip]
     tokens: list[str] = []
-    for _ in range(draw(st.integers(0, 5))):
-        kind = draw(st.sampled_from(["kv", "kv", "dash", "flag", "unknown", "junk"]))
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["valid"] * 6 + ["kv", "kv", "dash", "flag", "unknown", "junk"]))
         key = draw(st.sampled_from(keys))
-        value = draw(cli_value(opts[key]))
-        if kind == "kv":
+        value = draw(valid_value(opts[key]) if kind == "valid" else cli_value(opts[key]))
+        if kind in ("kv", "valid"):
             tokens.append(f"{key}={value}")
         elif kind == "dash":
             tokens += [f"--{key.replace('_', '-')}", value]
@@ -146,7 +161,7 @@ def _cli_parsing_only(examples: int):
     def check(data):
         command = data.draw(st.sampled_from(sorted(COMMANDS)))
         opts = COMMANDS[command][1]
-        argv = [command, "model=/nonexistent/LibreYOLO9t.pt", *data.draw(cli_tokens(opts))]
+        argv = [command, "model=/nonexistent/LibreYOLO9t.pt", *data.draw(cli_tokens(opts, skip=("model",)))]
         code, err = _run_cli(argv)
         _assert_clean(code, err, argv)
         assert code != 0 or any(t in ("-h", "--help") for t in argv), (argv, err)  # no model: nothing ran
@@ -163,6 +178,35 @@ def test_every_command_parses_hostile_options_into_one_clean_line():
 @long_run
 def test_every_command_parses_hostile_options_into_one_clean_line_long():
     _cli_parsing_only(CI_EXAMPLES * 40)()
+
+
+def _cli_train_val(examples: int, tiny: Path, tmp: Path):
+    """train and val with a real model and a missing dataset: every option reaches the Python-side
+    checks (TrainArgs, val's table, the extras) before the dataset error ends the run."""
+
+    @_fuzz_settings(examples, 30)
+    @given(command=st.sampled_from(["train", "val"]), data=st.data())
+    def check(command, data):
+        tokens = data.draw(cli_tokens(COMMANDS[command][1], skip=("model", "data", "project", "resume")))
+        argv = [command, f"model={tiny}", f"data={tmp / 'missing.yaml'}", f"project={tmp}", *tokens]
+        if command == "val":
+            argv.remove(f"project={tmp}")
+        code, err = _run_cli(argv)
+        _assert_clean(code, err, argv)
+        assert code != 0 or any(t in ("-h", "--help") for t in argv), (argv, err)
+
+    return check
+
+
+def test_train_and_val_refuse_hostile_options_cleanly_past_parsing(tiny, tmp_path):
+    with _Peak():
+        _cli_train_val(CI_EXAMPLES, tiny, tmp_path)()
+
+
+@pytest.mark.slow
+@long_run
+def test_train_and_val_refuse_hostile_options_cleanly_past_parsing_long(tiny, tmp_path):
+    _cli_train_val(CI_EXAMPLES * 10, tiny, tmp_path)()
 
 
 def _cli_predict(examples: int, tiny: Path, picture: Path, out: Path):
