@@ -193,7 +193,7 @@ def as_device(name: str, value: Any) -> Any:
 
 @_converter("false, true or auto")
 def as_graph_mode(name: str, value: Any) -> bool | str:
-    if isinstance(value, str) and value.strip().lower() == "auto":
+    if value == "auto":  # exactly: the Python API has always refused "AUTO"
         return "auto"
     try:
         return parse_bool(name, value)
