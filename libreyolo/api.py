@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.checkpoint import default_names, hub_download, read_checkpoint
+from libreyolo.checkpoint import _check_link, default_names, hub_download, read_checkpoint
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.models.registry import family_from_filename, get_family
 from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str, parse_bool, resolve_device
@@ -97,6 +97,7 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
     verify = parse_bool("verify", verify)
     dev = resolve_device(device)
     path = Path(model)
+    _check_link(path)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
         return _from_yaml(path, nc, names, dev)

@@ -20,7 +20,7 @@ from libreyolo._version import __version__
 from libreyolo.errors import CheckpointError
 from libreyolo.models.base import Family
 from libreyolo.models.registry import family_from_filename, get_family
-from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str, nonfinite_keys
+from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str, nonfinite_keys, tensor_problem
 from libreyolo.utils.tempfiles import TempGuard
 
 SCHEMA_VERSION = "1.0"
@@ -47,7 +47,45 @@ def default_names(nc: int) -> dict[int, str]:
     return {i: f"class{i}" for i in range(nc)}
 
 
+_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+               (b"II*\x00", "a TIFF image"), (b"MM\x00*", "a TIFF image"), (b"%PDF", "a PDF document"),
+               (b"\x1f\x8b", "a gzip archive"), (b"\x7fELF", "an executable (ELF)"))
+
+
+def sniff(path: Path) -> str | None:
+    """What a file that is not a PyTorch checkpoint looks like ("a PNG image", "a text file"...);
+    None when it could be one (a zip archive, as torch.save writes, or a legacy pickle)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not head:
+        return "an empty file (0 bytes)"
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return None
+    for magic, what in _SIGNATURES:
+        if head.startswith(magic):
+            return what
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "a WebP image"
+    if head[:2] == b"BM":
+        return "a BMP image"
+    if b"\x00" not in head:
+        try:
+            head.decode("utf-8")
+            return "a text file"
+        except UnicodeDecodeError as exc:
+            if exc.start >= len(head) - 3:  # a character cut by the 512-byte window
+                return "a text file"
+    return "unknown binary data"
+
+
 def _torch_load(path: Path) -> Any:
+    what = sniff(path)
+    if what is not None:
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint: it is {what}. Pass a LibreYOLO .pt checkpoint "
+                              "(or a .yaml architecture, or an exported artifact)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for bad files
@@ -62,12 +100,18 @@ def _torch_load(path: Path) -> Any:
 
 def check_state(state: dict[Any, Any], where: str, *, finite: bool = True) -> None:
     """A state dict is ``{str: tensor}``; with ``finite``, no floating tensor holds NaN or Inf."""
-    odd = [f"{k!r} ({type(v).__name__})" for k, v in state.items()
+    odd = [f"{k!r:.60} ({type(v).__name__})" for k, v in state.items()
            if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if odd:
         more = f" (+{len(odd) - 5} more)" if len(odd) > 5 else ""
         raise CheckpointError(f"{where}: the state dict must map names to tensors; bad entries: "
                               f"{', '.join(odd[:5])}{more}")
+    refused = [(k, why) for k, v in state.items() if (why := tensor_problem(v)) is not None]
+    if refused:
+        more = f" (+{len(refused) - 3} more)" if len(refused) > 3 else ""
+        shown = ", ".join(f"{k[:60]!r} is {why}" for k, why in refused[:3])
+        raise CheckpointError(f"{where}: {len(refused)} tensor(s) cannot be weights: {shown}{more}; re-save the "
+                              "model as a plain float32 state dict")
     if finite:
         bad, count = nonfinite_keys(state)
         if bad:
@@ -132,6 +176,7 @@ def read_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     are refused too.
     """
     path = Path(path)
+    _check_link(path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, not a checkpoint file")
     if path.exists() and not path.is_file():
@@ -139,7 +184,9 @@ def read_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     obj = _torch_load(path)
-    if not isinstance(obj, dict) or not obj:
+    if isinstance(obj, dict) and not obj:
+        raise CheckpointError(f"{path} is not a LibreYOLO checkpoint: it holds an empty dict (no weights)")
+    if not isinstance(obj, dict):
         raise CheckpointError(f"{path} is not a LibreYOLO checkpoint (expected a dict, got {type(obj).__name__})")
     if "model" in obj and isinstance(obj["model"], dict):
         state, meta = obj["model"], {k: v for k, v in obj.items() if k != "model"}
@@ -156,6 +203,20 @@ def read_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     return Checkpoint(family, size, nc, names, imgsz, state, meta, str(path))
 
 
+def _check_link(path: Path) -> None:
+    """A symbolic link that leads nowhere (dangling, or a loop) is named as such, not as "not found"."""
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointError(f"{path} is a symbolic link loop (too many levels of links); point it at a "
+                                  "checkpoint file") from None
+        if path.is_symlink():
+            raise CheckpointError(f"{path} is a symbolic link to {os.readlink(path)!r}, which does not exist") from None
+
+
 def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Load a state dict strictly; on mismatch say which keys are missing, unexpected or misshaped."""
     own = model.state_dict()
@@ -163,9 +224,12 @@ def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: st
     unexpected = [k for k in state if k not in own]
     shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
               for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    # an integer tensor where the model has a float weight would be cast silently (int64 weights: no detections)
+    shapes += [f"{k} {str(state[k].dtype).replace('torch.', '')} vs {str(own[k].dtype).replace('torch.', '')}"
+               for k in own if k in state and own[k].is_floating_point() and not state[k].is_floating_point()]
     if missing or unexpected or shapes:
         parts = []
-        groups = (("missing", missing), ("unexpected", unexpected), ("shape mismatch (file vs model)", shapes))
+        groups = (("missing", missing), ("unexpected", unexpected), ("shape or dtype mismatch (file vs model)", shapes))
         for label, keys in groups:
             if keys:
                 more = f" (+{len(keys) - 5} more)" if len(keys) > 5 else ""

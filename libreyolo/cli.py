@@ -7,103 +7,56 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from libreyolo.engine.options import BENCH_OPTIONS, PREDICT_OPTIONS
 from libreyolo.errors import LibreYOLOError
+from libreyolo.export.options import EXPORT_OPTIONS
+from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
+from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
 
 class UsageError(LibreYOLOError):
     pass
 
 
-def _bool(v: str) -> bool:
-    from libreyolo.utils.checks import FALSE_STRINGS, TRUE_STRINGS
-
-    low = v.strip().lower()
-    if low in TRUE_STRINGS:
-        return True
-    if low in FALSE_STRINGS:
-        return False
-    raise UsageError(f"expected true or false (or 1/0), got {v!r}")
+# the converters under the names older option tables use (Opt(_bool, ...)); new code uses libreyolo.options
+_bool, _device, _graph_mode = as_bool, as_device, as_graph_mode
 
 
-def _device(v: str) -> str:
-    from libreyolo.utils.checks import resolve_device
-
-    resolve_device(v)  # cpu, cuda, cuda:N, mps: checked before any model is loaded
-    return v
-
-
-def _imgsz(v: str) -> int:
-    from libreyolo.utils.checks import MAX_IMGSZ
-
-    value = int(v)
-    if not 1 <= value <= MAX_IMGSZ:
-        raise UsageError(f"expected a size from 32 to {MAX_IMGSZ} (a multiple of the model stride, e.g. 640), "
-                         f"got {v!r}")
-    return value
-
-
-def _graph_mode(v: str) -> bool | str:
-    return "auto" if v.lower() == "auto" else _bool(v)
-
-
-def _int_list(v: str) -> list[int]:
-    try:
-        return [int(x) for x in v.replace(",", " ").split()]
-    except ValueError:
-        raise UsageError(f"expected class ids like 0,2,5, got {v!r}") from None
-
-
-@dataclass(frozen=True)
-class Opt:
-    type: Callable[[str], Any]
-    default: Any
-    help: str
-    flag_value: Any = None  # value when given as a bare --flag
+def _imgsz(name: str, value: object) -> int:
+    return imgsz_opt().check(name, value)
 
 
 PREDICT_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt), architecture (.yaml) or artifact (.onnx/.pte/...)"),
     "source": Opt(str, None, "image file or directory (default: the bundled sample image)"),
-    "conf": Opt(float, 0.25, "confidence threshold"),
-    "iou": Opt(float, 0.45, "NMS IoU threshold"),
-    "max_det": Opt(int, 300, "maximum detections per image"),
-    "imgsz": Opt(_imgsz, None, "network input size (multiple of 32; default from the model)"),
-    "classes": Opt(_int_list, None, "keep only these class ids, e.g. 0,2"),
-    "device": Opt(_device, None, "cpu, cuda, cuda:N or mps"),
-    "half": Opt(_bool, False, "fp16 inference (CUDA)", True),
-    "batch": Opt(int, None, "images per forward"),
-    "cuda_graph": Opt(_graph_mode, False, "replay the forward from CUDA graphs: true or auto", True),
-    "save": Opt(_bool, True, "save annotated images", True),
+    **{k: PREDICT_OPTIONS[k] for k in ("conf", "iou", "max_det", "max_nms", "imgsz", "classes", "device")},
+    "half": Opt(as_bool, False, "fp16 inference (CUDA)", True),
+    **{k: PREDICT_OPTIONS[k] for k in ("batch", "cuda_graph")},
+    "save": Opt(as_bool, True, "save annotated images", True),
     "save_dir": Opt(str, "runs/predict", "where annotated images and JSON go"),
-    "json": Opt(_bool, False, "also write predictions (detections, top-5 classes) as JSON next to each image", True),
-    "verify": Opt(_bool, True, "refuse artifacts changed since export and checkpoints with NaN/Inf weights", True),
+    "json": Opt(as_bool, False, "also write predictions (detections, top-5 classes) as JSON next to each image",
+                True),
+    "verify": Opt(as_bool, True, "refuse artifacts changed since export and checkpoints with NaN/Inf weights", True),
 }
 
 EXPORT_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml)"),
-    "format": Opt(str, "onnx", "onnx, executorch, coreml, tensorrt or aoti (AOTInductor .pt2)"),
-    "imgsz": Opt(_imgsz, None, "input size (multiple of 32; default from the model)"),
-    "batch": Opt(int, 1, "batch size of the exported input"),
-    "dynamic": Opt(_bool, False, "dynamic batch (and spatial where supported)", True),
-    "half": Opt(_bool, False, "fp16 weights and input (CUDA export)", True),
-    "opset": Opt(int, None, "ONNX opset"),
-    "simplify": Opt(_bool, False, "simplify the ONNX graph (needs libreyolo[onnx-simplify])", True),
-    "nms": Opt(_bool, False, "embed NMS in the exported graph", True),
-    "device": Opt(_device, None, "device used for export: cpu, cuda, cuda:N"),
-    "output": Opt(str, None, "artifact path"),
-    "workspace": Opt(float, None, "TensorRT workspace in GiB"),
-    "autotune": Opt(_bool, False, "aoti on CUDA: Inductor max-autotune (much longer compile)", True),
-    "validate": Opt(_bool, True, "validate the artifact against the eager model", True),
-    "require_validation": Opt(_bool, False, "fail when the artifact cannot be validated here", True),
+    **{k: o for k, o in EXPORT_OPTIONS.items() if k != "verbose"},
 }
 
 
-def parse_args(tokens: Sequence[str], opts: dict[str, Opt], command: str) -> dict[str, Any]:
-    """``key=value`` / ``--key value`` / ``--key=value`` / ``--flag`` into typed values."""
-    out = {k: o.default for k, o in opts.items()}
+class Args(dict):
+    """Parsed options (defaults filled in); ``given`` holds the keys the command line set."""
+
+    given: frozenset[str] = frozenset()
+
+
+def parse_args(tokens: Sequence[str], opts: dict[str, Opt], command: str) -> Args:
+    """``key=value`` / ``--key value`` / ``--key=value`` / ``--flag`` into values checked by each option's schema."""
+    out = Args({k: o.default for k, o in opts.items()})
+    given: set[str] = set()
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -121,10 +74,13 @@ def parse_args(tokens: Sequence[str], opts: dict[str, Opt], command: str) -> dic
         elif "=" in tok:
             key, value = tok.split("=", 1)
         else:
-            raise UsageError(f"unexpected argument {tok!r} for '{command}': use key=value or --key value")
+            raise UsageError(f"unexpected argument {tok!r:.80} for '{command}': use key=value or --key value")
         key = key.replace("-", "_")
         if key not in opts:
-            raise UsageError(f"unknown argument {key!r} for '{command}'; valid: {', '.join(opts)}")
+            raise UsageError(f"unknown argument {key!r:.80} for '{command}'; valid: {', '.join(opts)}")
+        if key in given:
+            raise UsageError(f"{key} is given twice; give each argument once")
+        given.add(key)
         opt = opts[key]
         if value is None:
             if opt.flag_value is None:
@@ -132,20 +88,20 @@ def parse_args(tokens: Sequence[str], opts: dict[str, Opt], command: str) -> dic
             out[key] = opt.flag_value
         else:
             try:
-                out[key] = opt.type(value)
+                out[key] = opt.check(key, value)
             except LibreYOLOError as exc:
                 text = str(exc)
                 raise UsageError(text if text.startswith(key) else f"{key}: {text}") from None
-            except ValueError:
-                raise UsageError(f"{key}: invalid value {value!r}") from None
         i += 1
+    out.given = frozenset(given)
     return out
 
 
 def _usage(command: str, opts: dict[str, Opt], summary: str) -> str:
     lines = [f"usage: libreyolo {command} [key=value | --key value] ...", "", summary, "", "arguments:"]
     for k, o in opts.items():
-        lines.append(f"  {k:<20} {o.help} (default: {o.default})")
+        bounds = f"; {o.allowed()}" if o.choices or o.type in (int, float) else ""
+        lines.append(f"  {k:<20} {o.help}{bounds} (default: {o.default})")
     return "\n".join(lines)
 
 
@@ -184,33 +140,10 @@ def cmd_predict(args: dict[str, Any]) -> int:
     return 0
 
 
-def _positive_int(v: str) -> int:
-    value = int(v)
-    if value < 1:
-        raise UsageError(f"expected a whole number of at least 1, got {v!r}")
-    return value
-
-
-def _workers(v: str) -> int:
-    value = int(v)
-    if value < 0:
-        raise UsageError(f"expected a whole number of at least 0, got {v!r}")
-    return value
-
-
-def _floor(v: str) -> float:
-    import math
-
-    value = float(v)
-    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise UsageError(f"expected an absolute metric drop from 0 to 1 (e.g. 0.01), got {v!r}")
-    return value
-
-
-def _formats(v: str) -> list[str] | None:
+def _formats(name: str, value: object) -> list[str] | None:
     from libreyolo.engine.benchmark_formats import parse_formats
 
-    return parse_formats(v)
+    return parse_formats(value)
 
 
 BENCH_OPTS: dict[str, Opt] = {
@@ -218,16 +151,10 @@ BENCH_OPTS: dict[str, Opt] = {
     "formats": Opt(_formats, None, "comma list of onnx, executorch, coreml, tensorrt, aoti; 'eager' for the eager "
                    "rows only; unset: every format, those that cannot run here with a row saying why"),
     "data": Opt(str, None, "dataset YAML (detect) or image-folder root (classify) for the mAP50-95 / top-1 column"),
-    "floor": Opt(_floor, 0.01, "fail (exit 1) when a format's metric is below eager minus this (absolute)"),
+    "floor": BENCH_OPTIONS["floor"],
     "json": Opt(str, None, "also write the table as JSON to this path"),
     "save_dir": Opt(str, None, "keep the exported artifacts in this folder (unset: a temporary one, removed)"),
-    "device": Opt(_device, None, "cpu, cuda, cuda:N (unset: cuda when available)"),
-    "imgsz": Opt(_imgsz, None, "network input size, also of the exports (unset: the model's)"),
-    "batch": Opt(_positive_int, 1, "images per predict() call (and the exports' batch)"),
-    "n": Opt(_positive_int, 50, "timed calls per format (median reported)"),
-    "workers": Opt(_workers, 0, "DataLoader workers of the data= validation"),
-    "half": Opt(_bool, False, "fp16 (CUDA)", True),
-    "cuda_graph": Opt(_graph_mode, True, "also time predict(cuda_graph=...): true, auto or false", True),
+    **{k: BENCH_OPTIONS[k] for k in ("device", "imgsz", "batch", "n", "workers", "half", "cuda_graph")},
 }
 
 
@@ -272,39 +199,12 @@ def cmd_export(args: dict[str, Any]) -> int:
 
 TRAIN_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml) to start from; a run's last.pt with resume"),
-    "data": Opt(str, None, "dataset YAML (detect: path/train/val/names) or image-folder root (classify)"),
-    "epochs": Opt(int, 100, "epochs"),
-    "imgsz": Opt(_imgsz, None, "training input size (default from the model)"),
-    "batch": Opt(int, 16, "images per batch (all ranks together)"),
-    "workers": Opt(int, 2, "DataLoader worker processes"),
-    "device": Opt(_device, None, "cpu, cuda, cuda:N"),
-    "optimizer": Opt(str, "auto", "SGD, AdamW or auto (SGD)"),
-    "lr0": Opt(float, 0.01, "initial learning rate"),
-    "lrf": Opt(float, 0.01, "final learning rate as a fraction of lr0"),
-    "cos_lr": Opt(_bool, True, "cosine decay (false: linear)", True),
-    "warmup_epochs": Opt(float, 3.0, "warm-up epochs"),
-    "amp": Opt(_bool, True, "mixed precision (CUDA)", True),
-    "ema": Opt(_bool, True, "keep an EMA of the weights (validated and saved)", True),
-    "mosaic": Opt(float, 1.0, "mosaic probability (detect)"),
-    "close_mosaic": Opt(int, 10, "turn mosaic off for the last N epochs"),
-    "seed": Opt(int, 0, "random seed"),
-    "project": Opt(str, "runs/train", "parent folder of runs"),
-    "name": Opt(str, "exp", "run folder name (a number is appended when it exists)"),
-    "exist_ok": Opt(_bool, False, "reuse an existing run folder", True),
-    "resume": Opt(_bool, False, "continue the run of model=<run>/weights/last.pt", True),
-    "val": Opt(_bool, True, "validate every epoch", True),
-    "cuda_graph": Opt(_bool, False, "capture the training step in CUDA graphs (never stops a run)", True),
+    **TRAIN_OPTIONS,
 }
 
 VAL_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or artifact (.onnx, .pte, .pt2, .engine, .mlpackage)"),
-    "data": Opt(str, None, "dataset YAML (detect) or image-folder root (classify)"),
-    "imgsz": Opt(_imgsz, None, "input size (default from the model)"),
-    "batch": Opt(int, 16, "images per batch"),
-    "workers": Opt(int, 2, "DataLoader worker processes"),
-    "device": Opt(_device, None, "cpu, cuda, cuda:N"),
-    "conf": Opt(float, 0.001, "confidence threshold (mAP is computed over all confidences)"),
-    "iou": Opt(float, 0.7, "NMS IoU threshold"),
+    **{k: VAL_OPTIONS[k] for k in ("data", "imgsz", "batch", "workers", "device", "conf", "iou", "max_det")},
 }
 
 
@@ -315,7 +215,8 @@ def cmd_train(args: dict[str, Any]) -> int:
 
     if not args["model"]:
         raise UsageError("train needs model=<checkpoint|architecture>, e.g. model=LibreYOLO9t.yaml")
-    opts = {k: v for k, v in args.items() if k != "model"}
+    # only what the command line set: a family's own training defaults (Family.train_defaults) stay
+    opts = {k: v for k, v in args.items() if k != "model" and k in args.given}
     model = LibreYOLO(args.pop("model"), device=args["device"])
     summary = model.train(**opts)
     print(json.dumps(summary, indent=1, default=str))
@@ -337,7 +238,7 @@ def cmd_val(args: dict[str, Any]) -> int:
 COMPARE_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) the artifact should come from"),
     "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine)"),
-    "device": Opt(_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
+    "device": Opt(as_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
     "json": Opt(str, None, "also write the report as JSON to this path"),
 }
 
@@ -399,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LibreYOLOError as exc:  # user mistakes exit 2; an error may say it is a failure of the work (1)
         print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 2))
+    except BrokenPipeError:  # stdout closed by the reader (`| head`): stop quietly, as Unix tools do
+        _silence_stdout()
+        return 1
     except OSError as exc:  # the file system refused something (disk full, permissions)
         print(f"libreyolo {command}: error: {exc}", file=sys.stderr)
         return 1
@@ -411,6 +315,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail a second time."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -37,3 +37,9 @@ def require(module: str, extra: str, purpose: str):
             f"{purpose} needs the optional package '{module.split('.')[0]}', which is not installed: "
             f"pip install 'libreyolo[{extra}]'"
         ) from exc
+
+
+class TrainingDiverged(LibreYOLOError, RuntimeError):
+    """A training run went non-finite (loss or weights); it stopped without writing a checkpoint of it."""
+
+    exit_code = 1  # a failure of the work, not a user mistake

@@ -120,14 +120,14 @@ def test_a_format_that_fails_validation_exits_1(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("arg, message", [
-    ("n=0", "n: expected a whole number of at least 1, got '0'"),
-    ("n=-5", "n: expected a whole number of at least 1, got '-5'"),
-    ("n=two", "n: invalid value 'two'"),
-    ("batch=0", "batch: expected a whole number of at least 1"),
-    ("floor=-0.1", "floor: expected an absolute metric drop from 0 to 1"),
-    ("floor=nan", "floor: expected an absolute metric drop from 0 to 1"),
+    ("n=0", "n must be an integer from 1 to 100000, got '0'"),
+    ("n=-5", "n must be an integer from 1 to 100000, got '-5'"),
+    ("n=two", "n must be an integer from 1 to 100000, got 'two'"),
+    ("batch=0", "batch must be an integer from 1 to 1024"),
+    ("floor=-0.1", "floor must be a number from 0 to 1"),
+    ("floor=nan", "floor must be a finite number"),
     ("formats=onnx,jpeg", "unknown export format 'jpeg'"),
-    ("workers=-1", "workers: expected a whole number of at least 0"),
+    ("workers=-1", "workers must be an integer from 0 to 64"),
 ])
 def test_bad_benchmark_options_are_one_clean_line_and_exit_2(arg, message, capsys):
     assert cli_main(["benchmark", "model=LibreYOLO9t-shapes.pt", arg]) == 2

@@ -64,6 +64,9 @@ def test_missing_file_is_a_clear_error(tmp_path):
 def test_a_file_that_is_not_a_checkpoint(tmp_path):
     path = tmp_path / "LibreYOLO9t.pt"
     path.write_text("hello")
+    with pytest.raises(CheckpointError, match="not a PyTorch checkpoint: it is a text file"):
+        LibreYOLO(path)
+    path.write_bytes(b"PK\x03\x04 a damaged zip")
     with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint"):
         LibreYOLO(path)
     torch.save([1, 2, 3], path)

@@ -55,7 +55,7 @@ def test_user_mistakes_print_one_line_and_exit_nonzero(argv, needle, capsys):
 def test_wrong_value_from_the_library_is_one_line_too(checkpoint, capsys):
     assert main(["predict", f"model={checkpoint}", "conf=3", "save=false"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "conf must be a number between 0 and 1" in err and len(err.splitlines()) == 1
+    assert "conf must be a number from 0 to 1" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["predict", "--help"], ["export", "--help"]])

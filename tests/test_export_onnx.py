@@ -136,7 +136,7 @@ def test_half_on_cpu_is_refused(tmp_path):
     ({"opset": 9}, "opset must be an integer from 13 to 20"),
     ({"workspace": 2}, "workspace applies only to format=tensorrt"),
     ({"imgsz": 300}, "multiple of the model stride"),
-    ({"batch": 0}, "batch must be a positive integer"),
+    ({"batch": 0}, "batch must be an integer from 1 to 1024"),
     ({"nms": {"topk": 10, "bogus": 1}}, "unknown nms option"),
 ])
 def test_bad_options_are_refused_before_anything_is_built(tmp_path, opts, message):

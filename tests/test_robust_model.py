@@ -235,7 +235,7 @@ def test_predict_half_false_string_means_false(three_class):
 
 def test_predict_imgsz_is_bounded(three_class):
     model = LibreYOLO(three_class[0])
-    with pytest.raises(ArgumentError, match=f"up to {MAX_IMGSZ}"):
+    with pytest.raises(ArgumentError, match=f"to {MAX_IMGSZ}"):
         model.predict(SAMPLE_IMAGE, imgsz=100_000)
 
 
@@ -244,10 +244,10 @@ def test_predict_imgsz_is_bounded(three_class):
 @pytest.mark.parametrize("argv, needle", [
     (["predict", "device=gpu"], "cpu, cuda, cuda:N"),
     (["predict", "device=meta"], "'meta' cannot run a model"),
-    (["predict", "imgsz=100000"], "imgsz: expected a size from 32 to 8192"),
-    (["predict", "half=false2"], "half: expected true or false"),
-    (["predict", "verify=perhaps"], "verify: expected true or false"),
-    (["export", "batch=100000"], "batch must be a positive integer up to 1024"),
+    (["predict", "imgsz=100000"], "imgsz must be an integer from 1 to 8192"),
+    (["predict", "half=false2"], "half must be true or false"),
+    (["predict", "verify=perhaps"], "verify must be true or false"),
+    (["export", "batch=100000"], "batch must be an integer from 1 to 1024"),
     (["export", "device=gpu"], "cpu, cuda, cuda:N"),
 ])
 def test_cli_mistakes_are_one_line(three_class, capsys, argv, needle):
@@ -354,10 +354,46 @@ def test_an_artifact_without_hashes_cannot_be_verified(static_onnx, tmp_path):
 ])
 def test_metadata_that_contradicts_the_graph_is_named(static_onnx, tmp_path, values, message):
     bad = _edited(static_onnx, tmp_path / "m.onnx", **values)
-    for verify in (True, False):  # shape checks do not depend on the hashes
-        with pytest.raises(CheckpointError) as info:
+    with pytest.raises(CheckpointError, match="edited after export"):  # the hash check comes first
+        LibreYOLO(bad)
+    with pytest.raises(CheckpointError) as info:  # shape checks do not depend on the hashes
+        LibreYOLO(bad, verify=False)
+    assert message in str(info.value), str(info.value)
+
+
+def _restamped(src: Path, dst: Path, **values) -> Path:
+    """Like :func:`_edited`, then with ``metadata_sha256`` recomputed: an edit the hashes cannot catch."""
+    from libreyolo.export.metadata import metadata_sha256
+
+    _edited(src, dst, **values)
+    model = onnx.load(str(dst))
+    props = {p.key: p.value for p in model.metadata_props}
+    for entry in model.metadata_props:
+        if entry.key == "metadata_sha256":
+            entry.value = metadata_sha256(props)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_issue22_edited_dynamic_axes_are_caught_by_the_hash_before_any_structural_check(static_onnx, tmp_path):
+    bad = _edited(static_onnx, tmp_path / "axes.onnx", dynamic_axes={"images": 5})
+    with pytest.raises(CheckpointError, match="edited after export"):
+        LibreYOLO(bad)
+    with pytest.raises(CheckpointError, match="'dynamic_axes' of 'images' must map axis numbers"):
+        LibreYOLO(bad, verify=False)
+
+
+def test_issue22_deeply_nested_onnx_metadata_is_refused_without_recursion(static_onnx, tmp_path):
+    bad = _edited(static_onnx, tmp_path / "deep.onnx", names="[" * 200_000)
+    for verify in (True, False):
+        with pytest.raises(CheckpointError, match="edited after export" if verify else "nested more than"):
             LibreYOLO(bad, verify=verify)
-        assert message in str(info.value), str(info.value)
+
+
+def test_issue22_an_input_dtype_the_graph_contradicts_is_refused_at_load(static_onnx, tmp_path):
+    bad = _restamped(static_onnx, tmp_path / "fp16.onnx", input_dtype="float16")
+    with pytest.raises(CheckpointError, match="'input_dtype' is 'float16' but the graph's input 'images' is float32"):
+        LibreYOLO(bad)
 
 
 def test_edited_embedded_nms_settings_are_caught(nms_onnx, tmp_path):

@@ -103,7 +103,7 @@ def test_cli_train_and_val_and_clean_errors(shapes, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "missing.yaml" in err[0] and "Traceback" not in err[0]
     assert cli_main(["train", "model=LibreYOLO9t.yaml", f"data={shapes}", "epochs=0"]) == 2
-    assert "epochs must be a positive integer" in capsys.readouterr().err
+    assert "epochs must be an integer from 1" in capsys.readouterr().err
 
 
 def test_a_dataset_with_bad_files_trains_with_one_warning_each(shapes, tmp_path, caplog):

@@ -79,12 +79,12 @@ def test_a_static_size_artifact_refuses_another_imgsz_naming_its_own(demo_onnx, 
 
 
 @pytest.mark.parametrize("opts, message", [
-    ({"conf": 1.5}, "conf must be a number between 0 and 1, got 1.5"),
-    ({"iou": -0.1}, "iou must be a number between 0 and 1, got -0.1"),
-    ({"batch": 0}, "batch must be a positive integer, got 0"),
-    ({"max_det": 0}, "max_det must be a positive integer, got 0"),
+    ({"conf": 1.5}, "conf must be a number from 0 to 1, got 1.5"),
+    ({"iou": -0.1}, "iou must be a number from 0 to 1, got -0.1"),
+    ({"batch": 0}, "batch must be an integer from 1 to 1024, got 0"),
+    ({"max_det": 0}, "max_det must be an integer from 1 to 10000, got 0"),
     ({"imgsz": 100}, "imgsz must be a positive multiple of the model stride 32"),
-    ({"workers": -1}, "workers must be an integer >= 0, got -1"),
+    ({"workers": -1}, "workers must be an integer from 0 to 64, got -1"),
 ])
 def test_val_options_are_checked_the_same_way_for_eager_and_artifacts(demo, demo_onnx, shapes_val, opts, message):
     for model in (demo, LibreYOLO(demo_onnx)):

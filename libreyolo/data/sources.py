@@ -151,7 +151,11 @@ def read_image_file(path: str | Path) -> np.ndarray:
         if what is not None:
             raise ImageError(f"cannot read {path}: it is {what}, not a regular file; pass an image file")
         try:
-            with Image.open(f) as img:
+            with warnings.catch_warnings():  # PIL's bomb warning: check_pixels refuses such an image itself
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = Image.open(f)
+            with img:
+                check_pixels(img.width, img.height, str(path))  # before decoding: PIL itself refuses only above 2x
                 img.load()
                 return _pil_to_rgb_array(img, str(path))
         except ImageError:
@@ -164,6 +168,19 @@ def read_image_file(path: str | Path) -> np.ndarray:
         except Exception as exc:  # PIL raises many types for hostile or truncated files
             text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ImageError(f"cannot read image {path}: the file is corrupt or not an image ({text})") from None
+
+
+def check_pixels(width: int, height: int, where: str) -> None:
+    """Refuse an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (a decompression bomb), before decoding."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and width * height > limit:
+        raise ImageError(
+            f"refusing to decode {where}: {width}x{height} is {width * height:,} pixels, over the limit of "
+            f"{limit:,} (PIL.Image.MAX_IMAGE_PIXELS; a small file this large is a decompression bomb). If you "
+            "trust this file, raise the limit first: PIL.Image.MAX_IMAGE_PIXELS = <pixels> (None disables it)"
+        )
 
 
 # --- in-memory inputs ----------------------------------------------------------------------------
@@ -250,7 +267,9 @@ def _expand_path(item: str | Path) -> tuple[list[Path], bool]:
         return [p], False
     try:
         with os.scandir(p) as entries:
-            files = sorted(Path(e.path) for e in entries if Path(e.name).suffix.lower() in IMAGE_SUFFIXES)
+            # a folder named like an image (sub.jpg/) is not one of the folder's images
+            files = sorted(Path(e.path) for e in entries
+                           if Path(e.name).suffix.lower() in IMAGE_SUFFIXES and not _is_dir(e))
     except PermissionError:
         raise ImageError(f"cannot list directory {p}: permission denied") from None
     except OSError as exc:
@@ -258,6 +277,13 @@ def _expand_path(item: str | Path) -> tuple[list[Path], bool]:
     if not files:
         raise ImageError(f"no images found in directory {p} (looked for {sorted(IMAGE_SUFFIXES)})")
     return files, True
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a symlink loop or a vanished entry: let the decoder report it
+        return False
 
 
 # --- the plan ------------------------------------------------------------------------------------

@@ -195,16 +195,13 @@ class BenchmarkResult:
 
 
 def _check(batch: Any, n: Any, floor: Any, workers: Any) -> float:
-    from libreyolo.engine.predictor import _check_positive_int
+    """The options as ``libreyolo benchmark`` checks them (:data:`libreyolo.engine.options.BENCH_OPTIONS`)."""
+    from libreyolo.engine.options import BENCH_OPTIONS as B
 
-    _check_positive_int("batch", batch)
-    _check_positive_int("n", n)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ArgumentError(f"workers must be an integer >= 0, got {workers!r}")
-    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 <= float(floor) <= 1.0:
-        raise ArgumentError(f"floor must be a number from 0 to 1 (an absolute {'/'.join(METRIC.values())} drop "
-                            f"allowed below eager), got {floor!r}")
-    return float(floor)
+    B["batch"].check("batch", batch)
+    B["n"].check("n", n)
+    B["workers"].check("workers", workers)
+    return B["floor"].check("floor", floor)
 
 
 def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str | None = None,

@@ -262,12 +262,12 @@ class Model(PipelineGraphs, Predictor):
         ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
         the graph's entry of :meth:`graph_info`.
         """
-        from libreyolo.engine.predictor import _check_positive_int
+        from libreyolo.engine.options import PREDICT_OPTIONS as P
         from libreyolo.graphs import GraphUnavailableError
 
         self._require_graph_support()
         imgsz = self.family.check_imgsz(self.imgsz if imgsz is None else imgsz)
-        batch = _check_positive_int("batch", batch)
+        batch = P["batch"].check("batch", batch)
         if dtype is not None and dtype not in (torch.float32, torch.float16):
             raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
         dtype = self._default_dtype() if dtype is None else dtype
@@ -282,8 +282,8 @@ class Model(PipelineGraphs, Predictor):
             from libreyolo.ops.letterbox import LetterboxMeta
             from libreyolo.ops.postprocess import DEFAULT_MAX_NMS
 
-            max_det = _check_positive_int("max_det", max_det)
-            max_nms = DEFAULT_MAX_NMS if max_nms is None else _check_positive_int("max_nms", max_nms)
+            max_det = P["max_det"].check("max_det", max_det)
+            max_nms = DEFAULT_MAX_NMS if max_nms is None else P["max_nms"].check("max_nms", max_nms)
             metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
             params = self.family.device_postprocess().params(metas, conf=0.25, iou=0.45, nc=self.nc, classes=None,
                                                              device=self.device)

@@ -17,22 +17,8 @@ from libreyolo.data.sources import SourceImage, Sources, open_sources
 from libreyolo.errors import ArgumentError, ImageError
 from libreyolo.models.base import Family
 from libreyolo.results import Results, make_results
-from libreyolo.utils.checks import MAX_IMGSZ, parse_bool, resolve_device
+from libreyolo.utils.checks import MAX_IMGSZ, resolve_device
 from libreyolo.utils.log import LOGGER, want_info
-
-CUDA_GRAPH_MODES = (False, True, "auto")
-
-
-def _check_fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise ArgumentError(f"{name} must be a number between 0 and 1, got {value!r}")
-    return float(value)
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def check_imgsz(value: Any, stride: int) -> int:
@@ -136,33 +122,29 @@ class Predictor:
         ``progress``: a bar on stderr; ``None`` shows it for runs of more than one batch on a
         terminal. ``verbose=True`` logs one line per image (INFO, logger ``libreyolo``).
         """
-        conf = _check_fraction("conf", conf)
-        iou = _check_fraction("iou", iou)
-        max_det = _check_positive_int("max_det", max_det)
-        if max_nms is not None:  # None: the postprocessing's default cap (libreyolo.ops.postprocess)
-            max_nms = _check_positive_int("max_nms", max_nms)
-        imgsz = self.family.check_imgsz(self.imgsz if imgsz is None else imgsz)
-        if batch is not None:
-            batch = _check_positive_int("batch", batch)
-        if cuda_graph not in CUDA_GRAPH_MODES or not isinstance(cuda_graph, (bool, str)):
-            raise ArgumentError(f"cuda_graph must be False, True or 'auto', got {cuda_graph!r}")
+        from libreyolo.engine.options import PREDICT_OPTIONS
+        from libreyolo.options import check_input_budget
+
+        given = {"conf": conf, "iou": iou, "max_det": max_det, "max_nms": max_nms, "imgsz": imgsz,
+                 "classes": classes, "half": half, "batch": batch, "cuda_graph": cuda_graph,
+                 "color_format": color_format, "verbose": verbose, "stream": stream, "progress": progress}
+        for name, value in given.items():
+            given[name] = PREDICT_OPTIONS[name].check(name, value)
+        conf, iou, max_det, max_nms = given["conf"], given["iou"], given["max_det"], given["max_nms"]
+        classes, half, batch, cuda_graph = given["classes"], given["half"], given["batch"], given["cuda_graph"]
+        verbose, stream, progress, color_format = (given[k] for k in ("verbose", "stream", "progress", "color_format"))
+        imgsz = self.family.check_imgsz(self.imgsz if given["imgsz"] is None else given["imgsz"])
+        step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
         if classes is not None:
-            classes = [classes] if isinstance(classes, int) else list(classes)
-            bad = [c for c in classes if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < len(self.names)]
+            bad = [c for c in classes if not 0 <= c < len(self.names)]
             if bad:
                 raise ArgumentError(f"classes must be class ids in 0..{len(self.names) - 1}, got {bad}")
-        for name, flag in (("stream", stream), ("verbose", verbose)):
-            if not isinstance(flag, bool):
-                raise ArgumentError(f"{name} must be True or False, got {flag!r}")
-        if progress is not None and not isinstance(progress, bool):
-            raise ArgumentError(f"progress must be True, False or None (automatic), got {progress!r}")
-        half = None if half is None else parse_bool("half", half)  # None: the model's precision (half())
         run_device, half = self._call_settings(resolve_device(device), half)
 
         sources = open_sources(source, color_format=color_format)
         if verbose:
             want_info()
-        run = self._stream(sources, batch or self.default_batch, progress=progress, verbose=verbose,
+        run = self._stream(sources, step, progress=progress, verbose=verbose,
                            keep_pixels=stream, conf=conf, iou=iou, max_det=max_det, imgsz=imgsz, classes=classes,
                            half=half, cuda_graph=cuda_graph, device=run_device, max_nms=max_nms)
         if stream:

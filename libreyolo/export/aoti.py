@@ -223,18 +223,23 @@ def read_metadata_strings(path: str | Path) -> dict[str, str]:
     raw = read_record(Path(path), METADATA_FILE)
     if raw is None:
         return {}
-    try:
-        props = json.loads(raw.decode())
-    except (UnicodeDecodeError, ValueError):
-        raise CheckpointError(f"{path}: its LibreYOLO metadata is not valid JSON (damaged); re-export it") from None
+    from libreyolo.utils.checks import load_json
+
+    props = load_json(raw, f"{path}: its LibreYOLO metadata", CheckpointError)  # bounded size and depth
     if not isinstance(props, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
         raise CheckpointError(f"{path}: its LibreYOLO metadata is not a mapping of strings; re-export it")
     return props
 
 
 def read_build_info(path: str | Path) -> dict[str, Any]:
+    from libreyolo.errors import CheckpointError
+    from libreyolo.utils.checks import load_json
+
     raw = read_record(Path(path), BUILD_FILE)
-    return json.loads(raw.decode()) if raw else {}
+    info = load_json(raw, f"{path}: its build record", CheckpointError) if raw else {}
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path}: its build record is not a mapping; re-export it")
+    return info
 
 
 # --- the compile ------------------------------------------------------------------------------

@@ -39,49 +39,23 @@ from typing import Any
 
 from libreyolo.errors import ArgumentError
 
-OPTIONS: dict[str, Any] = {
-    "model": None, "format": "onnx", "imgsz": None, "batch": 1, "dynamic": False, "half": False,
-    "opset": None, "simplify": False, "nms": False, "device": None, "output": None, "name": None,
-    "workspace": None, "validate": True, "require_validation": False, "autotune": False,
-}
-_BOOLS = ("dynamic", "half", "simplify", "nms", "validate", "require_validation", "autotune")
-_INTS = ("imgsz", "batch", "opset")
-
-
-def _bool(key: str, value: Any) -> bool:
-    from libreyolo.utils.checks import parse_bool
-
-    return parse_bool(key, value)
-
-
-def _int(key: str, value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    try:
-        return int(str(value))
-    except ValueError:
-        raise ArgumentError(f"{key} must be an integer, got {value!r}") from None
-
 
 def normalise(args: dict[str, Any]) -> dict[str, Any]:
-    """Options with defaults filled in and CLI strings converted."""
-    unknown = sorted(k for k in args if k.replace("-", "_") not in OPTIONS)
+    """Options with defaults filled in and CLI strings converted (:data:`EXPORT_OPTIONS`)."""
+    from libreyolo.export.options import EXPORT_OPTIONS, check_output_folder
+
+    known = ("model", *EXPORT_OPTIONS)
+    unknown = sorted(k for k in args if k.replace("-", "_") not in known)
     if unknown:
-        raise ArgumentError(f"unknown export option(s): {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
-    opts = dict(OPTIONS)
-    opts.update({k.replace("-", "_"): v for k, v in args.items() if v is not None})
-    if not opts["model"]:
+        raise ArgumentError(f"unknown export option(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    given = {k.replace("-", "_"): v for k, v in args.items() if v is not None}
+    if not given.get("model"):
         raise ArgumentError("export needs model=<checkpoint .pt, .yaml or Hub name>")
-    for key in _BOOLS:
-        opts[key] = _bool(key, opts[key])
-    for key in _INTS:
-        if opts[key] is not None:
-            opts[key] = _int(key, opts[key])
-    if opts["workspace"] is not None:
-        try:
-            opts["workspace"] = float(opts["workspace"])
-        except ValueError:
-            raise ArgumentError(f"workspace must be a number of GiB, got {opts['workspace']!r}") from None
+    opts = {"model": given.pop("model")}
+    for key, opt in EXPORT_OPTIONS.items():
+        if key != "verbose":
+            opts[key] = opt.check(key, given.get(key, opt.default))
+    check_output_folder(opts["output"])  # before the model loads
     return opts
 
 

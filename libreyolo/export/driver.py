@@ -197,7 +197,16 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     :class:`~libreyolo.errors.ArgumentError` for bad options and :class:`ExportError` when the
     toolchain fails or the artifact does not match eager; nothing is left at the output path then.
     """
-    exporter = get_exporter(format)
+    from libreyolo.export.options import EXPORT_OPTIONS
+
+    given = {"format": format, "imgsz": imgsz, "batch": batch, "dynamic": dynamic, "half": half, "opset": opset,
+             "simplify": simplify, "nms": nms, "device": device, "output": output, "name": name,
+             "workspace": workspace, "validate": validate, "require_validation": require_validation,
+             "verbose": verbose, "autotune": autotune}
+    checked = {k: EXPORT_OPTIONS[k].check(k, v) for k, v in given.items()}  # the table every entry point uses
+    imgsz, batch, opset, workspace, verbose = (checked[k] for k in ("imgsz", "batch", "opset", "workspace",
+                                                                   "verbose"))
+    exporter = get_exporter(checked["format"])
     opts = _options(model, exporter, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, opset=opset,
                     simplify=simplify, nms=nms, device=device, workspace=workspace, validate=validate,
                     require_validation=require_validation, autotune=autotune)

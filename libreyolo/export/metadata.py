@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo.errors import CheckpointError
+from libreyolo.utils.checks import MAX_JSON_BYTES, load_json
 
 METADATA_VERSION = "1"
 
@@ -81,10 +82,7 @@ def decode(props: dict[str, str], where: str) -> dict[str, Any]:
         if kind is None or kind is str:
             meta[key] = raw
             continue
-        try:
-            meta[key] = json.loads(raw)
-        except (TypeError, ValueError):
-            raise CheckpointError(f"{where}: metadata key {key!r} is not valid JSON: {raw[:60]!r}") from None
+        meta[key] = load_json(raw, f"{where}: metadata key {key!r}", CheckpointError)
     names = meta["names"]
     if isinstance(names, dict) and all(isinstance(k, str) and k.isdigit() for k in names):
         meta["names"] = {int(k): v for k, v in names.items()}  # checked by the runtime (check_names)
@@ -112,6 +110,9 @@ def stamp(meta: dict[str, Any], content_sha256: str) -> dict[str, str]:
 
 def check_integrity(encoded: dict[str, str], content_sha256: str, where: str) -> None:
     """Compare an artifact's bytes and metadata with the hashes stored at export."""
+    missing = [k for k in REQUIRED if k not in encoded]
+    if missing:  # not a LibreYOLO artifact at all: say that, not that its hashes are missing
+        decode(encoded, where)
     again = "Re-export it, or load it with LibreYOLO(path, verify=False) if you trust the file"
     stored_content, stored_meta = encoded.get("content_sha256"), encoded.get("metadata_sha256")
     if not stored_content or not stored_meta:
@@ -259,10 +260,14 @@ def read_sidecar(artifact: str | Path, *, verify: bool = True) -> dict[str, Any]
             "(re-export to recreate them)"
         )
     try:
-        payload = json.loads(path.read_text())
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{path} is {path.stat().st_size:,} bytes, too large for a metadata file")
+        payload = load_json(path.read_bytes(), str(path), CheckpointError)
         meta = payload["metadata"]
         if not isinstance(meta, dict):
             raise TypeError
+    except CheckpointError:
+        raise
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise CheckpointError(f"{path} is not a LibreYOLO metadata file (corrupt JSON)") from None
     encoded = encode(meta)

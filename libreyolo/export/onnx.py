@@ -18,10 +18,10 @@ import torch
 
 from libreyolo.errors import ArgumentError, require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.options import ONNX_OPSETS
 
 DEFAULT_OPSET = 17
-MIN_OPSET = 13
-MAX_OPSET = 20  # the TorchScript exporter's newest opset in torch 2.11-2.14
+MIN_OPSET, MAX_OPSET = ONNX_OPSETS  # declared with the other export options
 
 
 def dynamic_axes(module: Any, opts: ExportOptions) -> dict[str, dict[int, str]] | None:

@@ -210,13 +210,17 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
     path = check_artifact_file(path, "AOTInductor")
     where = str(path)
     props = read_metadata_strings(path)
+    if verify:  # first: a file changed since export is named as such, before any field is interpreted
+        check_integrity(props, pt2_content_sha256(path), where)
     meta = decode(props, where)
     family, *_ = check_metadata(meta, where)
     build = read_build_info(path)
-    if verify:
-        check_integrity(props, pt2_content_sha256(path), where)
     if build.get("inputs") and build.get("outputs"):
-        as_shape = {k: tuple(v) for k, v in build["inputs"].items()}, {k: tuple(v) for k, v in build["outputs"].items()}
+        try:
+            as_shape = ({k: tuple(v) for k, v in build["inputs"].items()},
+                        {k: tuple(v) for k, v in build["outputs"].items()})
+        except (AttributeError, TypeError):
+            raise CheckpointError(f"{where}: its build record's shapes are damaged; re-export it") from None
         check_graph(meta, family, *as_shape, where)
     compiled_for = _package_device(meta, where)
     dev = resolve_device(device) or compiled_for

@@ -189,6 +189,9 @@ def check_metadata(meta: dict[str, Any], where: str) -> tuple[Family, int, dict[
     for key in ("letterbox", "dynamic_axes"):
         if not isinstance(meta[key], dict):
             raise _fail(where, f"'{key}' must be a mapping, got {type(meta[key]).__name__}")
+    for name, axes in meta["dynamic_axes"].items():
+        if not isinstance(axes, dict) or not all(isinstance(a, str) and a.isdigit() for a in axes):
+            raise _fail(where, f"'dynamic_axes' of {name!r:.40} must map axis numbers to names, got {axes!r:.60}")
     nms = meta.get("nms")
     if nms is not None:
         if not isinstance(nms, dict) or set(nms) != set(NMS_DEFAULTS):
@@ -261,4 +264,7 @@ def check_artifact_file(path: str | Path, fmt: str, *, folder: bool = False) -> 
     if not folder and not path.is_file():
         kind = "a folder" if path.is_dir() else "not a regular file"
         raise CheckpointError(f"{path} is {kind}, not a {fmt} model file")
+    if not folder and path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes), not a {fmt} model: the export or the copy did not "
+                              "finish; export it again")
     return path

@@ -57,10 +57,10 @@ def read_metadata(path: Path, verify: bool = True) -> dict[str, Any]:
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable CoreML package ({type(exc).__name__}: {exc})") from None
     props = dict(mlmodel.user_defined_metadata)
+    if verify:  # first: a file changed since export is named as such, before any field is interpreted
+        check_integrity(props, content, str(path))
     meta = decode(props, str(path))
     check_metadata(meta, str(path))
-    if verify:
-        check_integrity(props, content, str(path))
     return meta
 
 

@@ -92,6 +92,20 @@ def _shapes(values: Any) -> dict[str, tuple]:
     return out
 
 
+_ONNX_FLOATS = {1: "float32", 10: "float16"}  # TensorProto.DataType
+
+
+def _check_input_dtype(meta: dict[str, Any], inputs: list, where: str) -> None:
+    """The metadata's ``input_dtype`` is the graph's: predict() feeds what the metadata says."""
+    for v in inputs:
+        if v.name == meta["input_name"]:
+            graph = _ONNX_FLOATS.get(v.type.tensor_type.elem_type, f"ONNX type {v.type.tensor_type.elem_type}")
+            if graph != meta["input_dtype"]:
+                raise CheckpointError(f"{where}: 'input_dtype' is {meta['input_dtype']!r} but the graph's input "
+                                      f"{v.name!r} is {graph}; the metadata does not describe this artifact (edited "
+                                      "or damaged): re-export it")
+
+
 def load(path: str | Path, device: str | torch.device | None = None, *, providers: list | None = None,
          verify: bool = True, **kw: Any) -> OnnxPredictor:
     """Open an exported ``.onnx`` with ONNX Runtime. ``providers`` overrides the automatic choice.
@@ -114,13 +128,14 @@ def load(path: str | Path, device: str | torch.device | None = None, *, provider
     except Exception as exc:
         raise CheckpointError(f"{path} is not a readable ONNX file ({type(exc).__name__}: {exc})") from None
     props = {p.key: p.value for p in model.metadata_props}
+    if verify:  # first: a file changed since export is named as such, before any field is interpreted
+        check_integrity(props, content, str(path))
     meta = decode(props, str(path))
     family, *_ = check_metadata(meta, str(path))
     initializers = {t.name for t in model.graph.initializer}
-    check_graph(meta, family, _shapes(v for v in model.graph.input if v.name not in initializers),
-                _shapes(model.graph.output), str(path))
-    if verify:
-        check_integrity(props, content, str(path))
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    check_graph(meta, family, _shapes(inputs), _shapes(model.graph.output), str(path))
+    _check_input_dtype(meta, inputs, str(path))
     del model
     try:
         options = ort.SessionOptions()

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from libreyolo.data.sources import IMAGE_SUFFIXES, read_image_file
+from libreyolo.data.sources import IMAGE_SUFFIXES, check_pixels, read_image_file
 from libreyolo.errors import DatasetError, ImageError
 from libreyolo.ops.classify import IMAGENET_MEAN, IMAGENET_STD
 from libreyolo.ops.letterbox import Letterbox
@@ -200,7 +200,7 @@ def label_path(image: Path) -> Path:
     if "images" in parts[:-1]:
         k = len(parts) - 2 - parts[-2::-1].index("images")
         candidate = Path(*parts[:k], "labels", *parts[k + 1:]).with_suffix(".txt")
-        if candidate.is_file():
+        if candidate.exists():  # a folder here is reported by the scan, not silently a background
             return candidate
     return image.with_suffix(".txt")
 
@@ -218,6 +218,7 @@ def _check_image(path: Path) -> tuple[int, int]:
             img.verify()
         with Image.open(path) as img:
             w, h = img.size
+            check_pixels(w, h, str(path))
             if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # EXIF rotation by 90 degrees
                 w, h = h, w
             if img.format == "JPEG":  # verify() does not decode JPEG data; a cut file lacks the end marker
@@ -225,6 +226,8 @@ def _check_image(path: Path) -> tuple[int, int]:
                     f.seek(-2, os.SEEK_END)
                     if f.read(2) != b"\xff\xd9":
                         img.load()
+    except ImageError:
+        raise
     except Exception as exc:  # Pillow raises many types for broken files
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ImageError(f"cannot read image {path}: the file is corrupt or not an image ({text})") from None
@@ -315,6 +318,10 @@ def _scan_one(image: Path, nc: int | None) -> _Scanned:
         result.shape = shape
         return result
     labels = label_path(image)
+    if labels.exists() and not labels.is_file():  # a folder named like a label is not a background image
+        result.warnings.append(f"{labels}: the label path is a folder or not a regular file, not a label file: "
+                               f"image {image.name} skipped")
+        return result
     if not labels.is_file():
         result.shape, result.label_state = shape, "missing"
         return result

@@ -34,12 +34,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.errors import ArgumentError, LibreYOLOError
+from libreyolo.errors import ArgumentError, LibreYOLOError, TrainingDiverged
 from libreyolo.train.evaluate import validate
 from libreyolo.train.graph import GraphStepError
 from libreyolo.utils.log import LOGGER
 
 NOMINAL_BATCH = 64  # gradients are accumulated up to about this many images per optimizer step
+MAX_AMP_SKIPS = 3  # consecutive non-finite losses tolerated under AMP (fp16 overflow) before the run stops
 
 
 @dataclass
@@ -101,17 +102,11 @@ class TrainArgs:
         return args
 
     def check(self) -> None:
-        def positive(name: str, integer: bool = True) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int if integer else (int, float)) or v <= 0:
-                raise ArgumentError(f"{name} must be a positive {'integer' if integer else 'number'}, got {v!r}")
+        """Every field against its declaration (:data:`libreyolo.train.options.TRAIN_OPTIONS`)."""
+        from libreyolo.train.options import TRAIN_OPTIONS
 
-        for name in ("epochs", "batch", "nbs"):
-            positive(name)
-        for name in ("lr0", "lrf"):
-            positive(name, integer=False)
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
-            raise ArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
+        for name, opt in TRAIN_OPTIONS.items():
+            setattr(self, name, opt.check(name, getattr(self, name)))
         if not self.data and not self.resume:
             raise ArgumentError("train needs data=: a dataset YAML (detect) or an image-folder root (classify)")
 
@@ -221,6 +216,9 @@ class Trainer:
         model = self.model
         imgsz = a.imgsz or model.imgsz
         _check_train_imgsz(model.family, imgsz)
+        from libreyolo.options import check_input_budget
+
+        check_input_budget(max(1, a.batch // self.world), imgsz, explicit=True)
         model.imgsz = imgsz
         model.to(self.device)
         net = model.net
@@ -257,7 +255,7 @@ class Trainer:
             train_net = nn.parallel.DistributedDataParallel(train_net, device_ids=ids)
         log = MetricsLog(self.save_dir, resume=resume_state is not None) if self.rank == 0 else None
         summary: dict[str, Any] = {"save_dir": str(self.save_dir), "epochs": a.epochs}
-        batches_done = 0
+        batches_done = amp_skips = 0
         for epoch in range(start_epoch, a.epochs):
             self.epoch = epoch
             t0 = time.perf_counter()
@@ -278,10 +276,14 @@ class Trainer:
                     optimizer.zero_grad(set_to_none=True)
                     loss, items = self._step(train_net, criterion, scaler, images, targets)
                 if loss is None:
-                    LOGGER.warning("epoch %d batch %d: non-finite loss (%s); this batch is skipped", epoch + 1, i,
-                                   items)
+                    amp_skips += 1
+                    if not self.amp or amp_skips > MAX_AMP_SKIPS:
+                        raise TrainingDiverged(self._diverged(f"the loss is {items}", epoch, i, step))
+                    LOGGER.warning("epoch %d batch %d: non-finite loss (%s) under mixed precision; this batch is "
+                                   "skipped", epoch + 1, i, items)
                     optimizer.zero_grad(set_to_none=True)
                     continue
+                amp_skips = 0
                 batches_done += 1
                 if (i + 1) % accumulate == 0 or i + 1 == steps:
                     scaler.unscale_(optimizer)
@@ -351,7 +353,7 @@ class Trainer:
             out = train_net(images, targets)
         loss, items = criterion(out, targets)
         if not torch.isfinite(loss):
-            return None, float(loss)
+            return None, float(loss.detach())
         scaler.scale(loss).backward()
         # detached: a live loss keeps last step's autograd graph (and its AccumulateGrad nodes, bound
         # to the stream they ran on) alive into the next step, where a CUDA-graph capture would trip on it
@@ -425,9 +427,22 @@ class Trainer:
         return validate(self.model, net, loader, conf=self.args.conf, iou=self.args.iou, max_det=self.args.max_det,
                         device=self.device)
 
+    def _diverged(self, what: str, epoch: int, batch: int | None, step: int | None) -> str:
+        where = f"epoch {epoch + 1} batch {batch} (step {step})" if batch is not None else f"epoch {epoch + 1}"
+        last = self.save_dir / "weights" / "last.pt" if self.save_dir is not None else None
+        kept = (f"{last} still holds the last good epoch (nothing was written over it)"
+                if last is not None and last.exists() else "no checkpoint was written")
+        return (f"training diverged at {where}: {what}; the run stopped and {kept}. Try a lower lr0, "
+                "amp=False, or check the dataset's labels")
+
     def _save(self, net: nn.Module, path: Path, state: dict[str, Any] | None) -> None:
         from libreyolo.checkpoint import save_checkpoint
+        from libreyolo.utils.checks import nonfinite_keys
 
+        bad, count = nonfinite_keys(net.state_dict())
+        if bad:  # never write a checkpoint of non-finite weights over a good one
+            raise TrainingDiverged(self._diverged(f"{count} weight tensor(s) hold NaN or Inf ({', '.join(bad)})",
+                                                  self.epoch, None, None))
         m = self.model
         save_checkpoint(path, net, family=m.family, size=m.size, nc=m.nc, names=m.names, imgsz=m.imgsz,
                         extra={"train_state": state} if state is not None else None)
@@ -519,6 +534,9 @@ def train(model: Any, **kwargs: Any) -> dict[str, Any]:
     """``model.train(...)``: see :class:`TrainArgs` for the options (a family may change some
     defaults: ``Family.train_defaults``)."""
     args = TrainArgs.from_kwargs({**model.family.train_defaults, **kwargs})
+    from libreyolo.train.options import require_train_extra
+
+    require_train_extra(model.task, validating=args.val)
     trainer = Trainer(model, args)
     with _quiet_tqdm_monitor():
         return trainer.train()

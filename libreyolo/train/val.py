@@ -42,30 +42,28 @@ def val_dataset(model: Any, cfg: Any, imgsz: int):
             D.collate_classify)
 
 
-def _check_workers(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArgumentError(f"workers must be an integer >= 0, got {value!r}")
-    return value
-
-
 def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 16, workers: int = 2,
         device: Any = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
     """Metrics of ``model`` (eager or artifact) on the val split of ``data``: ``mAP50-95``,
     ``mAP50``, ``precision``, ``recall`` (detect) or ``top1``, ``top5`` (classify).
 
-    ``conf`` and ``iou`` are fractions, ``batch`` and ``max_det`` positive integers, ``imgsz``
-    the model's (an artifact's: the size it was exported for) unless given.
+    Options are checked by :data:`libreyolo.train.options.VAL_OPTIONS` (the table ``predict()``
+    and ``libreyolo val`` use too); ``imgsz`` is the model's (an artifact's: the size it was
+    exported for) unless given, and must be a multiple of its stride.
     """
-    from libreyolo.engine.predictor import _check_fraction, _check_positive_int
+    from libreyolo.options import check_all, check_input_budget
     from libreyolo.train.data import build_dataloader
     from libreyolo.train.evaluate import evaluate
+    from libreyolo.train.options import VAL_OPTIONS, require_train_extra
 
-    if data is None or data == "":
+    o = check_all(VAL_OPTIONS, {"data": data, "imgsz": imgsz, "batch": batch, "workers": workers, "device": device,
+                                "conf": conf, "iou": iou, "max_det": max_det}, command="val")
+    if not o["data"]:
         raise ArgumentError("val needs data=: a dataset YAML (detect) or an image-folder root (classify)")
-    conf, iou = _check_fraction("conf", conf), _check_fraction("iou", iou)
-    batch, max_det = _check_positive_int("batch", batch), _check_positive_int("max_det", max_det)
-    workers = _check_workers(workers)
-    size = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
+    conf, iou, batch, max_det, workers = o["conf"], o["iou"], o["batch"], o["max_det"], o["workers"]
+    size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
+    check_input_budget(batch, size, explicit=True)
+    require_train_extra(model.task)  # before the dataset is scanned
     cfg = load_dataset(model.task, data)
     if cfg.nc != model.nc:
         raise ArgumentError(f"the dataset {data} has {cfg.nc} classes and the model {model.nc}; validate a model "

@@ -9,6 +9,7 @@ call argument :class:`ArgumentError`.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -151,15 +152,95 @@ def check_str(value: Any, field: str, where: str, error: type[LibreYOLOError]) -
     return value
 
 
+# --- tensors and JSON from files: checked by what they hold, never by what they declare ---------
+def _tensor_dtypes():
+    import torch
+
+    floats = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    ints = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+    return floats, ints
+
+
+def tensor_problem(t: Any) -> str | None:
+    """Why a tensor read from a file cannot be a weight (None when it can).
+
+    Allowed: dense (strided) CPU tensors of the real floating types we run (float32, float16,
+    bfloat16, float64) and integer/bool buffers. Meta, sparse, quantized, complex and float8
+    tensors are refused by name, before anything reads their values.
+    """
+    import torch
+
+    if t.is_meta or t.device.type == "meta":
+        return "a meta tensor (no data)"
+    if t.layout != torch.strided:
+        return f"a {str(t.layout).replace('torch.', '')} tensor (only dense tensors are weights)"
+    floats, ints = _tensor_dtypes()
+    if t.dtype not in floats and t.dtype not in ints:
+        return f"dtype {str(t.dtype).replace('torch.', '')} (supported: float32, float16, bfloat16, float64)"
+    return None
+
+
+def _finite(t: Any) -> bool:
+    """Whether every value a tensor can show is finite, reading its storage, not its declared shape:
+    a zero-stride ``expand`` of a tiny storage to 10**14 elements costs what the storage holds."""
+    import torch
+
+    size = t.untyped_storage().nbytes() // max(1, t.element_size())
+    if t.numel() <= size:
+        return bool(torch.isfinite(t).all())
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (size,), (1,))
+    return bool(torch.isfinite(flat).all())
+
+
 def nonfinite_keys(state: Mapping[str, Any], limit: int = 5) -> tuple[list[str], int]:
-    """The first ``limit`` floating-point entries holding NaN or Inf, and how many there are."""
+    """The first ``limit`` floating-point entries holding NaN or Inf, and how many there are.
+
+    Tensors that :func:`tensor_problem` refuses are skipped here (they are refused by name
+    elsewhere); the check reads storage, so its cost is bounded by the file's size.
+    """
     import torch
 
     bad: list[str] = []
     count = 0
     for key, t in state.items():
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and tensor_problem(t) is None
+                and not _finite(t)):
             count += 1
             if len(bad) < limit:
                 bad.append(key)
     return bad, count
+
+
+MAX_JSON_BYTES = 16 << 20  # metadata entries and sidecar files
+MAX_JSON_DEPTH = 32
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
+
+
+def load_json(text: Any, where: str, error: type[LibreYOLOError], *, max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` that cannot be made to recurse or to read without bound: the size and the
+    nesting depth are measured first (one pass, no recursion)."""
+    import json
+
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise error(f"{where} is not UTF-8 text, so not JSON") from None
+    if not isinstance(text, str):
+        raise error(f"{where} is not JSON text but {type(text).__name__}")
+    if len(text) > max_bytes:
+        raise error(f"{where} holds {len(text):,} characters of JSON, over the limit of {max_bytes:,}")
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):  # strings as whole tokens, so brackets inside them do not count
+        ch = token.group()
+        if ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise error(f"{where} is JSON nested more than {max_depth} levels deep; not LibreYOLO metadata")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise error(f"{where} is not valid JSON: {text[:60]!r}") from None

@@ -1,0 +1,74 @@
+"""The options of ``export()`` / ``libreyolo export``, declared once (see :mod:`libreyolo.options`).
+
+Format-specific refinements stay with each exporter (``Exporter.check``: e.g. whether a format
+can be dynamic), but every value is first checked here, before any model is loaded.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from libreyolo.errors import ArgumentError
+from libreyolo.options import Opt, as_bool, as_device, batch_opt, imgsz_opt
+
+ONNX_OPSETS = (13, 20)  # the TorchScript exporter's range in torch 2.11-2.14 (libreyolo.export.onnx)
+MAX_WORKSPACE_GIB = 1024.0
+
+
+def as_nms(name: str, value: Any) -> bool | dict[str, Any]:
+    """``nms``: a flag, or a dict of the embedded NMS's settings (checked by the driver)."""
+    if isinstance(value, dict):
+        return value
+    try:
+        return as_bool(name, value)
+    except ArgumentError:
+        raise ArgumentError(f"{name} must be true, false or a dict of NMS settings, got {value!r:.60}") from None
+
+
+as_nms.allowed = "true, false or a dict of NMS settings"  # type: ignore[attr-defined]
+
+
+def as_format(name: str, value: Any) -> str:
+    from libreyolo.export.base import _ALIASES, _MODULES, FORMATS
+
+    key = value.strip().lower().lstrip(".") if isinstance(value, str) else None
+    key = _ALIASES.get(key, key)
+    if key not in _MODULES:
+        raise ArgumentError(f"unknown export format {value!r:.60}; choose one of: {', '.join(FORMATS)}")
+    return key
+
+
+as_format.allowed = "onnx, executorch, coreml, tensorrt or aoti"  # type: ignore[attr-defined]
+
+EXPORT_OPTIONS: dict[str, Opt] = {
+    "format": Opt(as_format, "onnx", "onnx, executorch, coreml, tensorrt or aoti (AOTInductor .pt2)"),
+    "imgsz": imgsz_opt("input size (a multiple of the model stride; default from the model)"),
+    "batch": batch_opt(1, "batch size of the exported input (tensorrt + dynamic: the largest)"),
+    "dynamic": Opt(as_bool, False, "dynamic batch (and spatial where supported)", True),
+    "half": Opt(as_bool, False, "fp16 weights and input (CUDA export)", True),
+    "opset": Opt(int, None, "ONNX opset (default 17)", min=ONNX_OPSETS[0], max=ONNX_OPSETS[1]),
+    "simplify": Opt(as_bool, False, "simplify the ONNX graph (needs libreyolo[onnx-simplify])", True),
+    "nms": Opt(as_nms, False, "embed NMS in the exported graph", True),
+    "device": Opt(as_device, None, "device used for export: cpu, cuda, cuda:N"),
+    "output": Opt(str, None, "artifact path (or an existing folder)"),
+    "name": Opt(str, None, "file name in the default folder (instead of output)"),
+    "workspace": Opt(float, None, "TensorRT workspace", min=0.0, max=MAX_WORKSPACE_GIB, min_open=True, unit="GiB"),
+    "autotune": Opt(as_bool, False, "aoti on CUDA: Inductor max-autotune (much longer compile)", True),
+    "validate": Opt(as_bool, True, "validate the artifact against the eager model", True),
+    "require_validation": Opt(as_bool, False, "fail when the artifact cannot be validated here", True),
+    "verbose": Opt(as_bool, True, "print the report", True),
+}
+
+
+def check_output_folder(output: Any) -> None:
+    """A given ``output`` whose folder cannot be written is refused before the model is loaded."""
+    import os
+    from pathlib import Path
+
+    if output is None:
+        return
+    path = Path(output)
+    folder = path if path.is_dir() else (path.parent if str(path.parent) else Path("."))
+    if not folder.is_dir():
+        raise ArgumentError(f"output {str(path)!r}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise ArgumentError(f"output {str(path)!r}: the folder {folder} is not writable")
