@@ -33,6 +33,12 @@ CASES: dict[str, tuple[str, int, dict[str, tuple[float, float, slice]]]] = {
 }
 
 
+# applied at both gains: YOLOX keeps only the best class of a box, so class probabilities saturated
+# at 1.0 tie exactly and any runtime may break the tie otherwise (an unverifiable decision, see
+# docs/export.md); class logits in a trained model's range keep them apart
+BASE: dict[str, dict[str, float]] = {"yolox": {r"head\.cls_preds\.": 0.1}}
+
+
 def seeded(family: str, seed: int, high_gain: bool, nc: int = 5) -> Any:
     """An untrained model of ``family`` with seed-``seed`` initial weights, optionally high-gain."""
     from libreyolo.api import LibreYOLO
@@ -51,6 +57,9 @@ def seeded(family: str, seed: int, high_gain: bool, nc: int = 5) -> Any:
             for prefix, gain in fam.parity_seed_gains.items():
                 if name.startswith(prefix):
                     p.mul_(gain)
+            for pattern, factor in BASE.get(family, {}).items():
+                if re.match(pattern, name):
+                    p.mul_(factor)
         if high_gain:
             for name, p in model.net.named_parameters():
                 for pattern, (scale, shift, channels) in recipe.items():

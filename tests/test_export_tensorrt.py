@@ -50,7 +50,7 @@ def test_the_engine_is_built_from_a_batch_dynamic_fixed_size_onnx(tmp_path, monk
 @pytest.mark.parametrize("opts, message", [
     ({"device": "cpu"}, "TensorRT engines are built and run on an NVIDIA GPU"),
     ({"dynamic": True, "batch": 1}, "pass the largest batch"),
-    ({"workspace": -1}, "workspace must be a positive number"),
+    ({"workspace": -1}, r"workspace must be a number in \(0, 1024\]"),
     ({"opset": 30}, "opset must be an integer"),
 ])
 def test_impossible_tensorrt_options_are_refused_before_building(tmp_path, opts, message):

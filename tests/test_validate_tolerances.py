@@ -149,6 +149,7 @@ def test_a_tie_decided_otherwise_than_float64_is_left_out_of_the_drift_and_judge
     ref = torch.zeros(1, 7, 3, dtype=torch.float64)
     ref[0, :4] = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [10.0, 11.0, 12.0], [10.0, 11.0, 12.0]])
     ref[0, 6, 0] = 1.0  # float64: class 2 of box 0
+    ref[0, 4, 1] = 0.5
     eager = ref.clone()
     eager[0, 6, 0], eager[0, 5, 0] = 0.0, 1.0  # float32: class 1 (the first of the tie)
     eager[0, 4, 1] += 1e-7
@@ -158,3 +159,25 @@ def test_a_tie_decided_otherwise_than_float64_is_left_out_of_the_drift_and_judge
     allowed = allowance([BOX, SCORE], {"predictions": ref}, d, eager={"predictions": eager})["predictions"]
     assert float(allowed[0, 5, 0]) == DECISION_FACTOR * 1.0
     assert float(allowed[0, 4, 1]) == pytest.approx(FLOAT32_MULTIPLE * 1e-7 + FLOOR)  # the rest stays tight
+
+
+def test_an_exclusive_groups_tie_broken_otherwise_is_realigned_only_as_often_as_eager_ties_with_float64():
+    """YOLOX scores hold a box's best class only. A runtime may put a tied best value in the other
+    channel; that is realigned, but no more columns than twice eager's own ties with float64, so a
+    head whose classes all moved is still refused."""
+    from libreyolo.utils.tolerance import align_exclusive
+
+    group = OutputGroup("predictions", "score", axis=1, start=4, exclusive=True)
+    ref = torch.zeros(1, 7, 4, dtype=torch.float64)
+    ref[0, 4, :] = torch.tensor([0.9, 0.8, 0.7, 0.6])   # class 0 best everywhere in float64
+    eager = ref.clone()
+    eager[0, 4, 3], eager[0, 5, 3] = 0.0, 0.6           # eager float32 broke the tie of box 3 otherwise
+    allowed = torch.full_like(ref, 1e-6)
+    art = eager.clone().float()
+    art[0, 5, 1], art[0, 4, 1] = 0.8, 0.0               # the artifact breaks box 1's tie the other way
+    fixed, moved, limit = align_exclusive(group, eager, ref, art, allowed)
+    assert (moved, limit) == (1, 2) and torch.allclose(fixed.double(), eager, atol=1e-7)
+    shifted = eager.clone().float()
+    shifted[0, 4:] = shifted[0, 4:].roll(1, 0)          # every class moved: 4 columns, more than 2
+    same, moved, limit = align_exclusive(group, eager, ref, shifted, allowed)
+    assert moved == 4 > limit and same is shifted

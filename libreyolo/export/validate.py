@@ -33,6 +33,7 @@ from libreyolo.utils.tolerance import (
     FLOOR,
     FP16_DRIFT_FACTOR,
     OutputGroup,
+    align_exclusive,
     allowance,
     as_float64,
     drift,
@@ -54,15 +55,6 @@ def probe_images(imgsz: int, height: int | None = None, seed: int = 0) -> dict[s
     xs = torch.linspace(0, 1, w).view(1, 1, 1, w).expand(1, 1, h, w)
     ramps = torch.cat((xs, ys, 0.5 + 0.5 * torch.sin(6.0 * (xs + ys))), 1).contiguous()
     return {"uniform": uniform, "clipped-normal": normal, "ramps": ramps}
-
-
-def _probe_gain(family: Any, imgsz: int) -> float:
-    """What a full-scale probe value (1.0) is at the network input: ``255 * input_scale`` for
-    families fed plain scaled pixels (1 for [0, 1] inputs, 255 for YOLOX's 0..255), 1 for families
-    whose input is normalised by a mean/std (already about unit range)."""
-    norm = family.letterbox(imgsz).normalization()
-    plain = all(m == 0 for m in norm.get("mean", [0])) and all(v == 1 for v in norm.get("std", [1]))
-    return 255.0 * family.export.input_scale if plain else 1.0
 
 
 def sample_batch(family: Any, imgsz: int) -> tuple[torch.Tensor, list[LetterboxMeta]]:
@@ -321,14 +313,13 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         if conf < VALIDATION_CONF:
             report.notes.append(f"the eager model scores few boxes above {VALIDATION_CONF} on the sample image "
                                 f"(e.g. untrained weights), so detections are compared at conf={conf:.3g}")
-    gain = _probe_gain(family, opts.imgsz)  # synthetic probes in the network's own input range
-    probes = {"sample": sample, **{k: v * gain for k, v in probe_images(opts.imgsz).items()}}
+    probes = {"sample": sample, **probe_images(opts.imgsz)}
     batches = _batches(probes, opts.batch)
     if opts.dynamic:
         batches += _batches(probes, opts.batch + 1, count=1)
         if opts.dynamic_spatial:
             h = max(2 * family.stride, opts.imgsz - 2 * family.stride)
-            batches.append(([f"{h}x{opts.imgsz}"], gain * probe_images(opts.imgsz, height=h, seed=1)["uniform"]))
+            batches.append(([f"{h}x{opts.imgsz}"], probe_images(opts.imgsz, height=h, seed=1)["uniform"]))
 
     try:
         net64 = float64_copy(model.net)
@@ -366,6 +357,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         allowed = allowance(groups, run["e64"], d32, d16, eager=run["eager_aligned"])
         # decoded scores move by rounding only: the allowance without the decisions' wider bars
         score_tol = max(score_tol, score_tolerance(groups, allowance(groups, run["e64"], d32, d16)))
+        compared = got
         if nms is None:
             compared, moved = align_row_sets(run["e64"], got, contract.row_sets, allowed=allowed)
             if moved:
@@ -376,6 +368,15 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
                                           "max_abs_error": math.inf, "ratio": math.inf, "allowed": 0.0,
                                           "cosine": 0.0, "passed": False, "shape": f"{moved} rows out of order"})
             for g in groups:
+                if g.exclusive and g.output in got:
+                    fixed, ties, limit = align_exclusive(g, run["eager_aligned"][g.output], run["e64"][g.output],
+                                                         compared[g.output], allowed[g.output])
+                    if ties:
+                        compared = {**compared, g.output: fixed}
+                        report.notes.append(f"{name}: {ties} column(s) of {g.key} hold their best value in another "
+                                            f"channel than eager, at a tie (" + (f"realigned; at most {limit}"
+                                            if ties <= limit else f"more than the {limit} allowed") +
+                                            " by eager's own ties with float64)")
                 if g.output not in got:
                     report.checks.append({"probe": name, "output": g.output, "group": g.key, "ratio": math.inf,
                                           "max_abs_error": math.inf, "allowed": 0.0, "cosine": 0.0,
@@ -394,6 +395,9 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         eager_named = run["eager"]
         eager = family.postprocess(eager_named, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
         art = runtime.family.postprocess(got, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+        own_decode = art
+        if nms is None and compared is not got:  # ties realigned above: compare the decisions eager took
+            art = runtime.family.postprocess(compared, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
         if nms:
             over = (eager_named[contract.nms_input][:, 4:] > conf).flatten(1).sum(1)
             if bool((over > nms["topk"]).any()):
@@ -405,7 +409,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
             m = match_decoded(e, a, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=score_tol, nms_iou=iou)
             report.detections.append({"probe": picks[k] + (f" (batch {len(picks)})" if len(picks) > 1 else ""), **m})
         if art_sample is None and picks[0] == "sample":
-            art_sample = art[0]
+            art_sample = own_decode[0]  # predict() must reproduce the artifact's own decoding exactly
 
     _check_preprocessing(model, runtime, opts, report)
     # the sample image through the artifact's complete predict(); the eager side is the same

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract, Family
+from libreyolo.models.base import ExportContract, Family, OutputGroup
 from libreyolo.models.registry import register_family
 from libreyolo.models.yolox.network import SIZES, YOLOX, decode
 from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
@@ -45,6 +45,9 @@ class Yolox(Family):
         dynamic_spatial=True,
         nms_input="predictions",
         class_axes={"predictions": (1, 4)},  # (B, 4 box coordinates + nc class scores, anchors)
+        # only each box's best class has a score: which class holds it is a tie decision near a tie
+        groups=(OutputGroup("predictions", "box", axis=1, start=0, stop=4),
+                OutputGroup("predictions", "score", axis=1, start=4, exclusive=True)),
     )
     # the forward does no host work (decode builds its grids from shapes, on the device); every
     # check of the parity matrix passes on the H200 for every size, the fp16 row included
