@@ -10,8 +10,6 @@ from libreyolo.cli import main  # noqa: E402
 from libreyolo.export.report import ValidationReport  # noqa: E402
 from tests import mutations  # noqa: E402
 
-_CACHE: dict = {}
-
 
 @pytest.fixture(scope="module")
 def checkpoint_and_artifact(tmp_path_factory):
