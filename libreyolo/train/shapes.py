@@ -9,6 +9,12 @@ quarter of the smaller one's box), never so much that a box loses its object. Im
 
 Classification: an image-folder tree ``train/<class>/*.jpg``, ``val/<class>/*.jpg`` with one
 large shape per image.
+
+Semantic segmentation (:func:`make_segmentation_dataset`): class 0 is the textured background,
+classes 1..nc-1 are filled shapes (rectangle, circle or triangle, whatever the class) each of
+its own colour, so colour alone tells the classes apart; masks are one-channel PNGs
+(``masks/{train,val}``) with a 1-pixel ignore (255) line along every class boundary, where the
+JPEG image blurs one colour into the next.
 """
 from __future__ import annotations
 
@@ -135,3 +141,61 @@ def sample_image(seed: int = 12345, imgsz: int = 640) -> Image.Image:
 def sample_with_boxes(seed: int = 12345, imgsz: int = 640) -> tuple[Image.Image, list[tuple[int, tuple]]]:
     """:func:`sample_image` and its objects: ``(class, (x1, y1, x2, y2))`` in pixels."""
     return _detection_image(imgsz, np.random.default_rng(seed))
+
+
+# --- semantic segmentation ------------------------------------------------------------------------
+SEGMENTATION_COLOURS = (("red", (230, 40, 40)), ("green", (40, 210, 60)), ("blue", (40, 70, 230)),
+                        ("yellow", (235, 220, 40)), ("magenta", (220, 50, 220)), ("cyan", (40, 220, 225)),
+                        ("orange", (245, 140, 20)))
+_IGNORE = 255
+
+
+def _segmentation_sample(imgsz: int, nc: int, rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
+    """One (RGB image, class-id mask) pair, each side 60%-100% of ``imgsz``."""
+    h, w = (max(16, int(imgsz * rng.uniform(0.6, 1.0))) for _ in range(2))
+    img = Image.fromarray(_background(h, w, rng))
+    mask = Image.new("L", (w, h), 0)
+    draw_img, draw_mask = ImageDraw.Draw(img), ImageDraw.Draw(mask)
+    for _ in range(int(rng.integers(1, 5))):
+        cls = int(rng.integers(1, nc))
+        kind = int(rng.integers(0, len(CLASSES)))
+        box = _shape_box(h, w, 0.15, 0.45, rng)
+        jitter = rng.integers(-15, 16, 3)
+        colour = tuple(int(v) for v in np.clip(np.array(SEGMENTATION_COLOURS[cls - 1][1]) + jitter, 0, 255))
+        _draw(draw_img, kind, box, colour)
+        _draw(draw_mask, kind, box, cls)  # the same pixels: later shapes cover earlier ones in both
+    ids = np.asarray(mask).copy()
+    edge = np.zeros(ids.shape, bool)
+    edge[:, :-1] |= ids[:, :-1] != ids[:, 1:]
+    edge[:-1] |= ids[:-1] != ids[1:]
+    ids[edge] = _IGNORE
+    return img, Image.fromarray(ids)
+
+
+def make_segmentation_dataset(root: str | Path, *, n_train: int = 16, n_val: int = 4, imgsz: int = 128,
+                              nc: int = 3, seed: int = 0) -> Path:
+    """Write a semantic-segmentation shapes dataset under ``root``; return its ``data.yaml``.
+
+    Layout: ``images/{train,val}/*.jpg``, ``masks/{train,val}/*.png`` (same stems), ``data.yaml``
+    with ``names`` ``background`` then colour names. The same arguments always give the same files.
+    """
+    if not 2 <= nc <= len(SEGMENTATION_COLOURS) + 1:
+        raise ValueError(f"nc must be 2..{len(SEGMENTATION_COLOURS) + 1} (background + shape colours), got {nc}")
+    if n_train < 1 or n_val < 1 or imgsz < 16:
+        raise ValueError(f"need n_train >= 1, n_val >= 1 and imgsz >= 16, got {n_train}, {n_val}, {imgsz}")
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("val", n_val)):
+        (root / "images" / split).mkdir(parents=True, exist_ok=True)
+        (root / "masks" / split).mkdir(parents=True, exist_ok=True)
+        for k in range(n):
+            img, mask = _segmentation_sample(imgsz, nc, rng)
+            stem = f"{split}_{k:05d}"
+            img.save(root / "images" / split / f"{stem}.jpg", quality=95)
+            mask.save(root / "masks" / split / f"{stem}.png")
+    names = ["background", *(name for name, _ in SEGMENTATION_COLOURS[:nc - 1])]
+    data_yaml = root / "data.yaml"
+    listed = "\n".join(f"  {i}: {name}" for i, name in enumerate(names))
+    data_yaml.write_text(f"# synthetic semantic-segmentation shapes (libreyolo.train.shapes, seed {seed})\n"
+                         f"path: .\ntrain: images/train\nval: images/val\nmasks_dir: masks\nnames:\n{listed}\n")
+    return data_yaml
