@@ -409,3 +409,11 @@ def test_metrics_refuse_mismatched_or_out_of_range_masks():
         metrics.update(torch.zeros(1, 4, 4), torch.zeros(1, 4, 4, dtype=torch.long))
     with pytest.raises(ArgumentError, match="one predicted mask per"):
         metrics.update([torch.zeros(4, 4, dtype=torch.long)], [])
+
+
+@pytest.mark.parametrize("h, w, new_h, new_w", [(48, 64, 30, 40), (17, 23, 64, 51), (90, 50, 38, 21)])
+def test_mask_resize_samples_pixel_centres_like_torch_nearest_exact(h, w, new_h, new_w):
+    ids = np.random.default_rng(h).integers(0, 4, (h, w))
+    expected = torch.nn.functional.interpolate(torch.from_numpy(ids)[None, None].double(), size=(new_h, new_w),
+                                               mode="nearest-exact")[0, 0].long().numpy()
+    np.testing.assert_array_equal(resize_nearest(ids, new_h, new_w), expected)

@@ -251,8 +251,8 @@ class SemanticAugment:
 
 
 def resize_nearest(mask: np.ndarray, new_h: int, new_w: int) -> np.ndarray:
-    """Nearest-neighbour resize with half-pixel centres (the geometry of the bilinear image resize):
-    output pixel ``i`` takes source pixel ``floor((i + 0.5) * h / new_h)``."""
+    """Nearest-neighbour resize with half-pixel centres, the geometry of the bilinear image resize
+    (torch's ``nearest-exact``): output pixel ``i`` takes source pixel ``floor((i + 0.5) * h / new_h)``."""
     h, w = mask.shape[:2]
     if (new_h, new_w) == (h, w):
         return mask
