@@ -13,6 +13,7 @@ from libreyolo.engine.options import BENCH_OPTIONS, PREDICT_OPTIONS
 from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
 from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
+from libreyolo.tasks import all_task_options
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
 
@@ -31,12 +32,14 @@ def _imgsz(name: str, value: object) -> int:
 PREDICT_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt), architecture (.yaml) or artifact (.onnx/.pte/...)"),
     "source": Opt(str, None, "image file or directory (default: the bundled sample image)"),
-    **{k: PREDICT_OPTIONS[k] for k in ("conf", "iou", "max_det", "max_nms", "imgsz", "classes", "device")},
+    **all_task_options(),  # each task's own (libreyolo.tasks): detect conf, iou, ...; semantic classes
+    **{k: PREDICT_OPTIONS[k] for k in ("imgsz", "device")},
     "half": Opt(as_bool, False, "fp16 inference (CUDA)", True),
     **{k: PREDICT_OPTIONS[k] for k in ("batch", "cuda_graph")},
     "save": Opt(as_bool, True, "save annotated images", True),
     "save_dir": Opt(str, "runs/predict", "where annotated images and JSON go"),
-    "json": Opt(as_bool, False, "also write predictions (detections, top-5 classes) as JSON next to each image",
+    "json": Opt(as_bool, False, "also write predictions (detections, top-5 classes, class areas) as JSON next to "
+                "each image",
                 True),
     "verify": Opt(as_bool, True, "refuse artifacts changed since export and checkpoints with NaN/Inf weights", True),
 }
@@ -125,9 +128,9 @@ def cmd_predict(args: dict[str, Any]) -> int:
             raise UsageError(f"cannot create save_dir {save_dir}: {exc.strerror or exc}") from None
     model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"])
     source = args["source"] or SAMPLE_IMAGE
-    results = model.predict(source, conf=args["conf"], iou=args["iou"], max_det=args["max_det"],
-                            imgsz=args["imgsz"], classes=args["classes"], half=args["half"],
-                            device=args["device"], batch=args["batch"], cuda_graph=args["cuda_graph"], stream=True)
+    task_opts = {k: args[k] for k in all_task_options() if k in args.given}
+    results = model.predict(source, imgsz=args["imgsz"], half=args["half"], device=args["device"],
+                            batch=args["batch"], cuda_graph=args["cuda_graph"], stream=True, **task_opts)
     names = OutputNames()  # a.jpg and a.png in one folder must not save to the same file
     for r in results:
         stem = names.stem(r.path)
@@ -150,7 +153,8 @@ BENCH_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml); an artifact gets one row of its own"),
     "formats": Opt(_formats, None, "comma list of onnx, executorch, coreml, tensorrt, aoti; 'eager' for the eager "
                    "rows only; unset: every format, those that cannot run here with a row saying why"),
-    "data": Opt(str, None, "dataset YAML (detect) or image-folder root (classify) for the mAP50-95 / top-1 column"),
+    "data": Opt(str, None, "the task's dataset (a YAML; an image-folder root for classify) for the metric column "
+                "(mAP50-95, top-1, mIoU)"),
     "floor": BENCH_OPTIONS["floor"],
     "json": Opt(str, None, "also write the table as JSON to this path"),
     "save_dir": Opt(str, None, "keep the exported artifacts in this folder (unset: a temporary one, removed)"),

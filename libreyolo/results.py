@@ -80,6 +80,27 @@ class Boxes:
     def cpu(self) -> Boxes:
         return Boxes(self.xyxy.cpu(), self.conf.cpu(), self.cls.cpu(), self.orig_shape)
 
+    # --- the payload protocol (libreyolo.results.Results) ----------------------------------
+    def n_predictions(self) -> int:
+        return len(self)
+
+    def verbose(self, names: dict[int, str]) -> str:
+        return f"{len(self)} detections"
+
+    def summary(self, names: dict[int, str]) -> list[dict[str, Any]]:
+        b = self.cpu()
+        return [{"name": names.get(int(k), str(int(k))), "class": int(k), "confidence": round(c, 5),
+                 "box": {"x1": round(xyxy[0], 3), "y1": round(xyxy[1], 3), "x2": round(xyxy[2], 3),
+                         "y2": round(xyxy[3], 3)}}
+                for xyxy, c, k in zip(b.xyxy.tolist(), b.conf.tolist(), b.cls.tolist(), strict=True)]
+
+    def draw(self, image: Any, names: dict[int, str], *, line_width: int | None = None, labels: bool = True,
+             conf: bool = True) -> Any:
+        from libreyolo.utils.plotting import draw_boxes
+
+        draw_boxes(image, self, names, line_width=line_width, labels=labels, show_conf=conf)
+        return image
+
     def __repr__(self) -> str:
         return f"Boxes(n={len(self)}, orig_shape={self.orig_shape})"
 
@@ -133,90 +154,103 @@ class Probs:
     def to(self, *args: Any, **kwargs: Any) -> Probs:
         return Probs(self.data.to(*args, **kwargs))
 
+    # --- the payload protocol (libreyolo.results.Results) ----------------------------------
+    def n_predictions(self) -> int:
+        return 1
+
+    def verbose(self, names: dict[int, str]) -> str:
+        return ", ".join(f"{names.get(k, str(k))} {c:.3f}" for k, c in zip(self.top5, self.top5conf.tolist(),
+                                                                           strict=True))
+
+    def summary(self, names: dict[int, str]) -> list[dict[str, Any]]:
+        return [{"name": names.get(k, str(k)), "class": k, "confidence": round(c, 5)}
+                for k, c in zip(self.top5, self.top5conf.tolist(), strict=True)]
+
+    def draw(self, image: Any, names: dict[int, str], *, conf: bool = True, **_: Any) -> Any:
+        from libreyolo.utils.plotting import draw_top5
+
+        draw_top5(image, self, names, show_conf=conf)
+        return image
+
     def __repr__(self) -> str:
         return f"Probs(nc={len(self)}, top1={self.top1}, top1conf={float(self.top1conf):.4f})"
 
 
-# --- task -> Results fields: the one table predict() and the export validator go through -----------
-def _detect_fields(pred: dict[str, torch.Tensor], orig_shape: tuple[int, int]) -> dict[str, Any]:
-    return {"boxes": Boxes(pred["xyxy"], pred["conf"], pred["cls"], orig_shape)}
-
-
-def _detect_decoded(r: Results) -> dict[str, torch.Tensor]:
-    return {"xyxy": r.boxes.xyxy, "conf": r.boxes.conf, "cls": r.boxes.cls}
-
-
-def _classify_fields(pred: dict[str, torch.Tensor], orig_shape: tuple[int, int]) -> dict[str, Any]:
-    return {"probs": Probs(pred["probs"])}
-
-
-def _classify_decoded(r: Results) -> dict[str, torch.Tensor]:
-    return {"probs": r.probs.data}
-
-
-# task: (postprocess dict -> Results keyword arguments, Results -> postprocess dict)
-TASK_FIELDS: dict[str, tuple[Any, Any]] = {
-    "detect": (_detect_fields, _detect_decoded),
-    "classify": (_classify_fields, _classify_decoded),
-}
-
-
-def register_task(task: str, fields: Any, decoded: Any) -> None:
-    """Teach :func:`make_results` a new task: ``fields(pred, orig_shape) -> Results kwargs`` and
-    ``decoded(results) -> pred`` (its inverse, used by the export validator)."""
-    TASK_FIELDS[task] = (fields, decoded)
-
-
-def _task_entry(task: str) -> tuple[Any, Any]:
-    try:
-        return TASK_FIELDS[task]
-    except KeyError:
-        raise ValueError(f"no Results fields are defined for task {task!r}; known tasks: "
-                         f"{', '.join(sorted(TASK_FIELDS))} (add one with libreyolo.results.register_task)") from None
-
-
+# --- the payloads' Results fields: the task table predict() and the export validator go through ----
 def make_results(task: str, pred: dict[str, torch.Tensor], *, names: dict[int, str], orig_shape: tuple[int, int],
                  **common: Any) -> Results:
-    """The :class:`Results` of one image from what the family's postprocess returned for it."""
-    return Results(names=names, orig_shape=orig_shape, **_task_entry(task)[0](pred, orig_shape), **common)
+    """The :class:`Results` of one image from what the family's postprocess returned for it
+    (the task, :mod:`libreyolo.tasks`, turns it into its payload)."""
+    from libreyolo.tasks import get_task
+
+    t = get_task(task)
+    return Results(names=names, orig_shape=orig_shape, **{t.payload: t.make_payload(pred, orig_shape)}, **common)
 
 
 def decoded_predictions(task: str, result: Results) -> dict[str, torch.Tensor]:
     """The inverse of :func:`make_results`: a Results as the postprocess dict it was built from."""
-    return _task_entry(task)[1](result)
+    from libreyolo.tasks import get_task
+
+    t = get_task(task)
+    return t.decoded(getattr(result, t.payload))
 
 
 class Results:
-    """Everything predicted for one image."""
+    """Everything predicted for one image: the payload of its model's task under the attribute
+    name users know (``boxes``, ``probs``, ``semantic_mask``, ...; :mod:`libreyolo.tasks`), the
+    others None. A payload has ``n_predictions()``, ``summary(names)``, ``verbose(names)``,
+    ``draw(image, names, **kw)`` and ``cpu()``; Results delegates to it."""
 
     def __init__(self, *, names: dict[int, str], orig_shape: tuple[int, int], path: str | None = None,
-                 boxes: Boxes | None = None, probs: Probs | None = None, orig_img: Any = None,
-                 speed: dict[str, float] | None = None):
+                 orig_img: Any = None, speed: dict[str, float] | None = None, **payloads: Any):
+        from libreyolo.tasks import payload_names
+
+        known = payload_names()
+        unknown = sorted(k for k in payloads if k not in known)
+        if unknown:
+            raise TypeError(f"Results got unknown payload(s) {unknown}; registered: {sorted(known)}")
+        object.__setattr__(self, "_payloads", {k: v for k, v in payloads.items() if v is not None})
         self.names = names
         self.orig_shape = orig_shape
         self.path = path
-        self.boxes = boxes
-        self.probs = probs
         self._orig_img = orig_img
         self.speed = speed or {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}
 
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from libreyolo.tasks import payload_names
+
+        if name in payload_names():
+            return self.__dict__["_payloads"].get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        from libreyolo.tasks import payload_names
+
+        if name in payload_names():
+            if value is None:
+                self._payloads.pop(name, None)
+            else:
+                self._payloads[name] = value
+            return
+        object.__setattr__(self, name, value)
+
+    @property
+    def payloads(self) -> dict[str, Any]:
+        """The payloads present, by attribute name."""
+        return dict(self._payloads)
+
     def __len__(self) -> int:
-        if self.boxes is not None:
-            return len(self.boxes)
-        return 0 if self.probs is None else 1
+        return sum(p.n_predictions() for p in self._payloads.values())
 
     def __repr__(self) -> str:
-        what = f"{len(self.boxes)} boxes" if self.boxes is not None else "probs"
+        what = ", ".join(f"{k}={p.n_predictions()}" for k, p in self._payloads.items()) or "empty"
         return f"Results({what}, orig_shape={self.orig_shape}, path={self.path!r})"
 
     def verbose(self) -> str:
-        """One line for logs and the CLI: ``3 detections`` or the top-5 classes with probabilities."""
-        parts = []
-        if self.boxes is not None:
-            parts.append(f"{len(self.boxes)} detections")
-        if self.probs is not None:
-            parts.append(", ".join(f"{self.names.get(k, str(k))} {c:.3f}"
-                                   for k, c in zip(self.probs.top5, self.probs.top5conf.tolist(), strict=True)))
+        """One line for logs and the CLI: ``3 detections``, the top-5 classes with probabilities, ..."""
+        parts = [p.verbose(self.names) for p in self._payloads.values()]
         return "; ".join(parts) if parts else "no predictions"
 
     # --- images --------------------------------------------------------------------------
@@ -249,10 +283,14 @@ class Results:
             self._orig_img = None
 
     def plot(self, *, line_width: int | None = None, labels: bool = True, conf: bool = True):
-        """Draw the detections on the source image; returns a PIL image (RGB)."""
-        from libreyolo.utils.plotting import draw_detections
+        """Draw the predictions on the source image (each payload draws itself: boxes, top-5
+        classes, a class overlay with its legend); returns a PIL image (RGB)."""
+        from PIL import Image
 
-        return draw_detections(self, line_width=line_width, labels=labels, show_conf=conf)
+        image = Image.fromarray(self.orig_rgb()).convert("RGB")
+        for p in self._payloads.values():
+            image = p.draw(image, self.names, line_width=line_width, labels=labels, conf=conf)
+        return image
 
     def save(self, filename: str | Path | None = None) -> str:
         """Write the annotated image (format from the suffix) atomically; returns the path."""
@@ -265,20 +303,18 @@ class Results:
         image = self.plot()
         fmt = SAVE_FORMATS.get(filename.suffix.lower(), "PNG")
         atomic_write(filename, lambda tmp: image.save(tmp, format=fmt))
+        for p in self._payloads.values():  # what a payload writes beside the picture (a class-map PNG)
+            extra = getattr(p, "save_extra", None)
+            if extra is not None:
+                extra(filename)
         return str(filename)
 
     # --- serialisation ---------------------------------------------------------------------
     def summary(self) -> list[dict[str, Any]]:
-        out = []
-        if self.boxes is not None:
-            b = self.boxes.cpu()
-            for xyxy, c, k in zip(b.xyxy.tolist(), b.conf.tolist(), b.cls.tolist(), strict=True):
-                out.append({"name": self.names.get(int(k), str(int(k))), "class": int(k), "confidence": round(c, 5),
-                            "box": {"x1": round(xyxy[0], 3), "y1": round(xyxy[1], 3),
-                                    "x2": round(xyxy[2], 3), "y2": round(xyxy[3], 3)}})
-        if self.probs is not None:
-            for k, c in zip(self.probs.top5, self.probs.top5conf.tolist(), strict=True):
-                out.append({"name": self.names.get(k, str(k)), "class": k, "confidence": round(c, 5)})
+        """The predictions as JSON-ready dicts (one per detection, per top-5 class, per segmented class)."""
+        out: list[dict[str, Any]] = []
+        for p in self._payloads.values():
+            out += p.summary(self.names)
         return out
 
     def to_json(self, indent: int | None = None) -> str:

@@ -32,7 +32,13 @@ EAGER, CUDA_GRAPH = "eager", "cuda_graph"
 CPU_ONLY = {"executorch", "coreml"}  # exported (traced) and run on the CPU whatever the model's device
 # runtimes that need more than their exporter checks for (an engine is built only where it runs)
 NEEDS = {"tensorrt": ("tensorrt", "needs tensorrt and an NVIDIA GPU")}
-METRIC = {"detect": "mAP50-95", "classify": "top1"}
+
+
+def _metric_name(model: Any) -> str:
+    """The headline metric of the model's task (mAP50-95, top1, mIoU, ...)."""
+    from libreyolo.tasks import get_task
+
+    return get_task(model.task).metric
 
 
 @dataclass
@@ -114,7 +120,7 @@ def _time(model: Any, frames: list[np.ndarray], n: int, desc: str, **kw: Any) ->
 def _metric(model: Any, data: str, *, imgsz: int, workers: int, device: Any = None) -> float:
     """The headline metric of ``model.val()`` (the test suite wraps this to construct a drop)."""
     metrics = model.val(data=data, imgsz=imgsz, workers=workers, device=device)
-    return metrics[METRIC[model.task]]
+    return metrics[_metric_name(model)]
 
 
 def _size_mib(path: Path) -> float:
@@ -267,9 +273,9 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
         for row in rows[1:]:
             if row.metric is not None and row.metric < eager.metric - floor:
                 row.status = "below floor"
-                row.reason = (f"{METRIC[model.task]} {row.metric:.4f} < eager {eager.metric:.4f} - floor {floor:g}")
+                row.reason = (f"{_metric_name(model)} {row.metric:.4f} < eager {eager.metric:.4f} - floor {floor:g}")
     name = Path(model.source).name if getattr(model, "source", None) else f"{model.family.name}-{model.size}"
-    return BenchmarkResult(name, model.task, str(model.device), imgsz, batch, n, data, floor, METRIC[model.task],
+    return BenchmarkResult(name, model.task, str(model.device), imgsz, batch, n, data, floor, _metric_name(model),
                            rows, str(folder) if keep else None)
 
 
@@ -287,7 +293,7 @@ def _artifact_only(model: Any, formats: list[str] | None, frames: list[np.ndarra
     if data:
         row.metric = _metric(model, data, imgsz=imgsz, workers=workers)
     return BenchmarkResult(model.path.name, model.task, str(model.device), imgsz, len(frames), n, data, floor,
-                           METRIC[model.task], [row], None)
+                           _metric_name(model), [row], None)
 
 
 def _cell(value: Any, spec: str) -> str:

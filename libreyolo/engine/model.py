@@ -252,11 +252,11 @@ class Model(PipelineGraphs, Predictor):
         return {"max_graphs": self._max_graphs or DEFAULT_MAX_GRAPHS}
 
     def capture_graph(self, imgsz: int | None = None, batch: int = 1,
-                      dtype: torch.dtype | None = None, *, max_det: int = 300,
-                      max_nms: int | None = None) -> dict[str, Any]:
+                      dtype: torch.dtype | None = None, **options: Any) -> dict[str, Any]:
         """Capture what ``predict(cuda_graph=True)`` replays for ``(batch, 3, imgsz, imgsz)`` now, so
-        the first request does not pay: the whole pipeline for ``max_det``/``max_nms`` where the
-        family supports it (:meth:`pipeline_unavailable`), else the network forward.
+        the first request does not pay: the whole pipeline for the task's shape-fixing options
+        (detect: ``max_det``, ``max_nms``) where the family supports it (:meth:`pipeline_unavailable`),
+        else the network forward.
 
         ``dtype``: None is the model's precision (see :meth:`half`); ``torch.float16`` captures for
         ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
@@ -275,19 +275,19 @@ class Model(PipelineGraphs, Predictor):
         if why_not is not None:
             raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
         self._call_settings(None, dtype == torch.float16)
+        if options and self.pipeline_unavailable(self.device) is not None:
+            self.predict_options(**options)  # checked even where only the forward is captured
         runner = self._graph_runner(self.inference_copy(self.device, dtype))
         pad = self.family.letterbox(imgsz).neutral_input  # a blank image, as preprocessed
         x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=dtype, device=self.device)
         if self.pipeline_unavailable(self.device) is None:
             from libreyolo.ops.letterbox import LetterboxMeta
-            from libreyolo.ops.postprocess import DEFAULT_MAX_NMS
 
-            max_det = P["max_det"].check("max_det", max_det)
-            max_nms = DEFAULT_MAX_NMS if max_nms is None else P["max_nms"].check("max_nms", max_nms)
+            opts = self.predict_options(**options)
+            post = self.family.device_postprocess()
             metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
-            params = self.family.device_postprocess().params(metas, conf=0.25, iou=0.45, nc=self.nc, classes=None,
-                                                             device=self.device)
-            program = self._pipeline_program(self._network(runner.module), max_det, max_nms)
+            params = post.params(metas, opts, nc=self.nc, device=self.device)
+            program = self._pipeline_program(self._network(runner.module), post.static(opts))
             with torch.inference_mode():
                 return runner.capture((x, params), program)
         with torch.inference_mode():

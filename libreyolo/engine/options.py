@@ -7,26 +7,19 @@ from __future__ import annotations
 
 from libreyolo.options import (
     MAX_BENCH_N,
-    MAX_DET,
-    MAX_NMS,
     MAX_WORKERS,
     Opt,
     as_bool,
     as_device,
     as_graph_mode,
-    as_ids,
     batch_opt,
-    fraction,
     imgsz_opt,
 )
+from libreyolo.tasks import all_task_options
 
-PREDICT_OPTIONS: dict[str, Opt] = {
-    "conf": fraction(0.25, "confidence threshold"),
-    "iou": fraction(0.45, "NMS IoU threshold"),
-    "max_det": Opt(int, 300, "maximum detections per image", min=1, max=MAX_DET),
-    "max_nms": Opt(int, None, "candidates per image entering NMS (default 30000)", min=1, max=MAX_NMS),
+# the options of every predict call, whatever the task
+COMMON_PREDICT_OPTIONS: dict[str, Opt] = {
     "imgsz": imgsz_opt(),
-    "classes": Opt(as_ids, None, "keep only these class ids, e.g. 0,2"),
     "half": Opt(as_bool, None, "fp16 inference (CUDA)", True),
     "device": Opt(as_device, None, "cpu, cuda, cuda:N or mps"),
     "batch": batch_opt(None, "images per forward (default 16, lowered to fit the input budget)"),
@@ -36,6 +29,10 @@ PREDICT_OPTIONS: dict[str, Opt] = {
     "stream": Opt(as_bool, False, "return a generator of Results", True),
     "progress": Opt(as_bool, None, "progress bar on stderr (default: on a terminal, for long runs)", True),
 }
+
+# with the tasks' own options (libreyolo.tasks: detect conf, iou, max_det, max_nms, classes; semantic
+# classes), each declared once by its task
+PREDICT_OPTIONS: dict[str, Opt] = {**all_task_options(), **COMMON_PREDICT_OPTIONS}
 
 BENCH_OPTIONS: dict[str, Opt] = {
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (unset: cuda when available)"),

@@ -61,42 +61,46 @@ class PipelineGraphs:
                 "pipeline": {"supported": bool(self.family.SUPPORTS_PIPELINE_GRAPH), "active": why is None,
                              "reason": why}}
 
-    def _pipeline_program(self, network: Network, max_det: int, max_nms: int):
+    def _pipeline_program(self, network: Network, static: tuple[tuple[str, Any], ...]):
+        """The captured program: network and device postprocessing, keyed by the options that fix
+        its shapes (``static``: the device postprocess's ``static(opts)``, e.g. max_det, max_nms)."""
         from libreyolo.graphs import GraphProgram
 
         post = self.family.device_postprocess()
+        fixed = dict(static)
 
         def pipeline(x: torch.Tensor, params: torch.Tensor) -> dict[str, torch.Tensor]:
-            return post(network(x), params, max_det=max_det, max_nms=max_nms)
+            return post(network(x), params, **fixed)
 
-        return GraphProgram("pipeline", pipeline, (("max_det", max_det), ("max_nms", max_nms)))
+        return GraphProgram("pipeline", pipeline, tuple(static))
 
-    def _pipeline_forward(self, batch: torch.Tensor, metas: list, mode: bool | str, *, conf: float, iou: float,
-                          max_det: int, classes: list[int] | None = None,
-                          max_nms: int | None = None) -> dict[str, torch.Tensor]:
-        """Padded detections from the whole-pipeline graph (no family check: the parity harness uses it)."""
-        from libreyolo.ops.postprocess import DEFAULT_MAX_NMS
-
+    def _pipeline_forward(self, batch: torch.Tensor, metas: list, mode: bool | str, opts: Any = None,
+                          **options: Any) -> dict[str, torch.Tensor]:
+        """Padded outputs of the whole-pipeline graph (no family check: the parity harness uses it).
+        ``opts``: the call's :class:`~libreyolo.tasks.TaskOptions` (or the task's options as keywords)."""
+        if opts is None:
+            opts = self.predict_options(**options)
         runner, network = self._graph_target(batch)
         post = self.family.device_postprocess()
-        params = post.params(metas, conf=conf, iou=iou, nc=self.nc, classes=classes, device=batch.device)
-        program = self._pipeline_program(network, max_det, max_nms or DEFAULT_MAX_NMS)
+        params = post.params(metas, opts, nc=self.nc, device=batch.device)
+        static = post.static(opts)
+        program = self._pipeline_program(network, static)
         with torch.inference_mode():
             return runner((batch, params), mode, program)
 
-    def _infer(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str, **post: Any) -> list:
+    def _infer(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str, opts: Any) -> list:
         """With ``cuda_graph`` and a family verified for it, one graph replay from the batch to padded
-        detections, read back once; otherwise the forward (graphed or not) and eager postprocessing."""
+        outputs, read back once; otherwise the forward (graphed or not) and eager postprocessing."""
         if cuda_graph and self.pipeline_unavailable(batch.device) is None:
             from libreyolo.graphs import GraphCaptureError
 
             self._require_graph_support()
             try:
-                padded = self._pipeline_forward(batch, metas, cuda_graph, **post)
+                padded = self._pipeline_forward(batch, metas, cuda_graph, opts)
             except GraphCaptureError as exc:  # recorded in graph_info()["failures"]; the forward graph still serves
                 LOGGER.warning("whole-pipeline CUDA graph unavailable for this input (%s); graphing the network "
                                "forward only", exc)
             else:
                 clock.mark()
                 return self.family.device_postprocess().read(padded)
-        return super()._infer(batch, metas, clock, cuda_graph=cuda_graph, **post)
+        return super()._infer(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)

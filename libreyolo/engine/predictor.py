@@ -7,7 +7,7 @@ preprocessing, decoding and NMS exist once.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -68,7 +68,7 @@ class Predictor:
         return self.device, half
 
     def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
-               **post: Any) -> list:
+               opts: Any) -> list:
         """Network and postprocessing for one letterboxed batch; per-image predictions.
 
         Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
@@ -76,11 +76,12 @@ class Predictor:
         """
         outputs = self._forward(batch, cuda_graph=cuda_graph)
         clock.mark()
-        return self.family.postprocess(outputs, metas, **post)
+        return self.family.postprocess(outputs, metas, opts)
 
     def val(self, **kwargs: Any) -> dict[str, float]:
-        """Metrics on a dataset's val split: mAP50-95, mAP50, precision, recall (detect), top-1 and
-        top-5 (classify). The same code for the eager model and every artifact runtime, which
+        """Metrics on a dataset's val split, the task's (:mod:`libreyolo.tasks`): mAP50-95, mAP50,
+        precision, recall (detect), top-1 and top-5 (classify), mIoU and pixel accuracy (semantic).
+        The same code for the eager model and every artifact runtime, which
         supply only the forward: ``model.val(data="data.yaml", imgsz=640, batch=16, conf=0.001,
         iou=0.7)`` (options: :func:`libreyolo.train.val.val`)."""
         from libreyolo.train.val import val
@@ -91,16 +92,28 @@ class Predictor:
     def __call__(self, source: Any = None, **kwargs: Any) -> Results | list[Results] | Iterator[Results]:
         return self.predict(source, **kwargs)
 
+    @property
+    def task(self) -> str:
+        return self.family.task
+
+    def _task(self) -> Any:
+        from libreyolo.tasks import get_task
+
+        return get_task(self.family.task)
+
+    def predict_options(self, **given: Any) -> Any:
+        """The checked :class:`~libreyolo.tasks.TaskOptions` of this model's task for ``given``
+        (every task option at its default where not given), checked against the model too."""
+        task = self._task()
+        opts = task.predict_options(given)
+        task.check_options(opts, nc=len(self.names))
+        return opts
+
     def predict(
         self,
         source: Any = None,
         *,
-        conf: float = 0.25,
-        iou: float = 0.45,
-        max_det: int = 300,
         imgsz: int | None = None,
-        classes: Sequence[int] | None = None,
-        max_nms: int | None = None,
         half: bool | None = None,
         device: str | torch.device | None = None,
         batch: int | None = None,
@@ -109,11 +122,17 @@ class Predictor:
         verbose: bool = False,
         stream: bool = False,
         progress: bool | None = None,
+        **options: Any,
     ) -> Results | list[Results] | Iterator[Results]:
-        """Detect objects. One input gives one :class:`Results`; a list, directory or batch gives a list.
+        """Predict. One input gives one :class:`Results`; a list, directory or batch gives a list.
 
         ``source``: path, directory, list of paths, PIL image, numpy HWC array (BGR unless
         ``color_format="rgb"``), tensor (CHW/NCHW RGB, float in [0, 1] or uint8), or a list.
+
+        ``options`` are the task's own (:mod:`libreyolo.tasks`): detect ``conf``, ``iou``,
+        ``max_det``, ``classes``, ``max_nms``; semantic ``classes``; classify none. An option of
+        another task is checked and ignored (one command line serves every model); an unknown
+        one is an error.
 
         Images are decoded and run ``batch`` at a time (default :attr:`default_batch`), so memory
         stays bounded whatever the number of inputs. ``stream=True`` returns a generator of
@@ -125,28 +144,22 @@ class Predictor:
         from libreyolo.engine.options import PREDICT_OPTIONS
         from libreyolo.options import check_input_budget
 
-        given = {"conf": conf, "iou": iou, "max_det": max_det, "max_nms": max_nms, "imgsz": imgsz,
-                 "classes": classes, "half": half, "batch": batch, "cuda_graph": cuda_graph,
+        given = {"imgsz": imgsz, "half": half, "batch": batch, "cuda_graph": cuda_graph,
                  "color_format": color_format, "verbose": verbose, "stream": stream, "progress": progress}
         for name, value in given.items():
             given[name] = PREDICT_OPTIONS[name].check(name, value)
-        conf, iou, max_det, max_nms = given["conf"], given["iou"], given["max_det"], given["max_nms"]
-        classes, half, batch, cuda_graph = given["classes"], given["half"], given["batch"], given["cuda_graph"]
+        opts = self.predict_options(**options)
+        half, batch, cuda_graph = given["half"], given["batch"], given["cuda_graph"]
         verbose, stream, progress, color_format = (given[k] for k in ("verbose", "stream", "progress", "color_format"))
         imgsz = self.family.check_imgsz(self.imgsz if given["imgsz"] is None else given["imgsz"])
         step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
-        if classes is not None:
-            bad = [c for c in classes if not 0 <= c < len(self.names)]
-            if bad:
-                raise ArgumentError(f"classes must be class ids in 0..{len(self.names) - 1}, got {bad}")
         run_device, half = self._call_settings(resolve_device(device), half)
 
         sources = open_sources(source, color_format=color_format)
         if verbose:
             want_info()
-        run = self._stream(sources, step, progress=progress, verbose=verbose,
-                           keep_pixels=stream, conf=conf, iou=iou, max_det=max_det, imgsz=imgsz, classes=classes,
-                           half=half, cuda_graph=cuda_graph, device=run_device, max_nms=max_nms)
+        run = self._stream(sources, step, progress=progress, verbose=verbose, keep_pixels=stream, opts=opts,
+                           imgsz=imgsz, half=half, cuda_graph=cuda_graph, device=run_device)
         if stream:
             return run
         results = list(run)
@@ -191,21 +204,17 @@ class Predictor:
                 raise ImageError(f"none of the {total} images could be read; first: {sources.skipped[0][1]}")
             LOGGER.warning("skipped %d of %d images that could not be read", len(sources.skipped), total)
 
-    def _predict_chunk(self, chunk: list[SourceImage], t0: float, *, conf: float, iou: float, max_det: int,
-                       imgsz: int, classes: list[int] | None, half: bool, cuda_graph: bool | str,
-                       device: torch.device | None = None, max_nms: int | None = None) -> list[Results]:
+    def _predict_chunk(self, chunk: list[SourceImage], t0: float, *, opts: Any, imgsz: int, half: bool,
+                       cuda_graph: bool | str, device: torch.device | None = None) -> list[Results]:
         device = self.device if device is None else device
         clock = StageClock(device, t0)
         tensors = [img.to_device(device) for img in chunk]
         batch, metas = self.family.letterbox(imgsz)(tensors, dtype=self._input_dtype(half))
         clock.mark()  # preprocessing enqueued
-        post = {"conf": conf, "iou": iou, "max_det": max_det, "classes": classes}
-        if max_nms is not None:  # only when asked for: not every family's postprocess takes it
-            post["max_nms"] = max_nms
-        preds = self._infer(batch, metas, clock, cuda_graph=cuda_graph, **post)
+        preds = self._infer(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
         speed = clock.speed(len(chunk))
         out = []
-        task = self.family.task  # the Results fields come from one task table (libreyolo.results)
+        task = self.family.task  # the Results payload comes from the task (libreyolo.tasks)
         for img, meta, pred in zip(chunk, metas, preds, strict=True):
             out.append(make_results(task, pred, names=self.names, orig_shape=meta.orig_shape, path=img.path,
                                     orig_img=img.original if img.original is not None else img.pixels,

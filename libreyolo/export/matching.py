@@ -1,5 +1,8 @@
-"""Decoded-prediction matchers of export validation: the family contract names one
-(``ExportContract.decoded_match``) to compare what eager and artifact postprocessing return."""
+"""Decoded-prediction matchers of export validation: each task names one (``Task.decoded_match``,
+a family contract may override it with ``ExportContract.decoded_match``) to compare what eager
+and artifact postprocessing return. A matcher returns at least ``passed``, ``eager``,
+``artifact`` and ``matched`` counts; ``what`` (what was matched, for the report's headline) and
+``line`` (its line in the report) when it is not a detection set."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +13,7 @@ from libreyolo.ops.boxes import box_iou
 
 
 def match_detections(ref: dict, got: dict, *, conf: float, max_det: int, iou_min: float, score_tol: float,
-                     nms_iou: float = 0.45) -> dict:
+                     nms_iou: float = 0.45, **_: Any) -> dict:
     """Match detections by class and IoU (greedy, best score first).
 
     Left-overs are tolerated only when they are explained by a tie: a *tie swap* is an
@@ -107,7 +110,42 @@ def match_classes(ref: dict, got: dict, *, score_tol: float, k: int = 5, **_: An
             if abs(float(rp[r_top[j]]) - float(rp[g_top[j]])) <= score_tol]
     diff = float((rp - gp).abs().max()) if rp.numel() else 0.0
     ok = len(ties) == int((~same).sum()) and diff <= score_tol and bool(torch.isfinite(gp).all())
-    return {"kind": "classes", "eager": k, "artifact": k, "matched": int(same.sum()), "tie_swaps": len(ties),
-            "accounted": k if ok else int(same.sum()) + len(ties),
+    return {"kind": "classes", "what": "top-k classes", "eager": k, "artifact": k, "matched": int(same.sum()),
+            "tie_swaps": len(ties), "accounted": k if ok else int(same.sum()) + len(ties),
             "identical": bool(same.all()), "min_iou": 1.0, "max_conf_diff": diff,
-            "top_eager": r_top.tolist(), "top_artifact": g_top.tolist(), "passed": ok}
+            "top_eager": r_top.tolist(), "top_artifact": g_top.tolist(), "passed": ok,
+            "line": f"top-{k} classes equal at {int(same.sum())}/{k}" + (f" + {len(ties)} near-tie swaps" if ties
+                                                                          else "")
+                    + f" (max probability diff {diff:.2g})"}
+
+
+def match_masks(ref: dict, got: dict, *, allowed: dict[str, torch.Tensor] | None = None, **_: Any) -> dict:
+    """Compare two class maps (``mask`` (h, w) each) pixel by pixel.
+
+    A pixel where they differ is a *tie* when the eager top-two margin there (``ref["margin"]``,
+    the gap between its best and second-best upsampled logit) is at most twice the largest logit
+    allowance of this image (``allowed``, the validator's per-element allowances): each of the
+    two logits may move by its allowance, and bilinear upsampling (a convex combination) does
+    not widen that. Ties do not count against the artifact; any other differing pixel fails.
+    Without margins (predict() against the artifact's own decoding) the maps must be equal.
+    """
+    rm, gm = ref["mask"].cpu(), got["mask"].cpu()
+    base = {"kind": "pixels", "what": "pixels", "min_iou": 1.0, "max_conf_diff": 0.0}
+    if tuple(rm.shape) != tuple(gm.shape):
+        return {**base, "eager": int(rm.numel()), "artifact": int(gm.numel()), "matched": 0, "tie_swaps": 0,
+                "identical": False, "passed": False,
+                "line": f"class map shapes differ: eager {tuple(rm.shape)}, artifact {tuple(gm.shape)}"}
+    differ = rm != gm
+    n, bad = int(rm.numel()), int(differ.sum())
+    gap = 0.0
+    ties = 0
+    if bad and "margin" in ref and allowed:
+        gap = 2.0 * max(float(t.max()) for t in allowed.values())
+        ties = int((differ & (ref["margin"].cpu().float() <= gap)).sum())
+    ok = ties == bad
+    agree = (n - bad) / max(1, n)
+    return {**base, "eager": n, "artifact": n, "matched": n - bad, "tie_swaps": ties,
+            "accounted": n - bad + ties, "identical": bad == 0, "agreement": agree, "tie_gap": gap, "passed": ok,
+            "line": f"pixels agree {100 * agree:.4f}% ({n - bad}/{n})"
+                    + (f"; {ties} differing pixel(s) at a tie (eager margin <= {gap:.3g})" if ties else "")
+                    + (f"; {bad - ties} differ beyond a tie" if bad > ties else "")}

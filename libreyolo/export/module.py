@@ -34,8 +34,10 @@ class ExportModule(nn.Module):
 
     def output_axes(self, dynamic_spatial: bool) -> dict[str, dict[int, str]]:
         axes = NMS_AXES if self.nms is not None else self.contract.output_axes
-        keep = {"batch"} | ({"anchors", "height", "width"} if dynamic_spatial else set())
-        return {name: {int(a): n for a, n in axes.get(name, {}).items() if n in keep} for name in self.output_names()}
+        # every axis the contract declares follows an input axis: the batch always, the others
+        # (anchors, height, width, ...) when the input's spatial size is dynamic too
+        return {name: {int(a): n for a, n in axes.get(name, {}).items() if dynamic_spatial or n == "batch"}
+                for name in self.output_names()}
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outputs = self.family.export_outputs(self.net(images))

@@ -17,12 +17,13 @@ _ADVICE_DECODED = ("the artifact's predictions differ from the eager model's: do
                    "report a reproducible case if it was")
 
 
-@dataclass
+@dataclass(init=False)
 class ValidationReport:
     """``status``: "passed", "failed", "not validated" (the runtime cannot run here) or "skipped".
 
     ``checks``: one entry per probe, output and output group (raw outputs against a float64 copy of
-    the eager model, :mod:`libreyolo.utils.tolerance`); ``detections``: decoded comparisons;
+    the eager model, :mod:`libreyolo.utils.tolerance`); ``decoded``: decoded comparisons by the
+    task's matcher (``detections`` is the same list, its name from before tasks were plugins);
     ``drift``: the eager model's measured drift per group ("float32" against float64, and "fp16"
     against float32 for fp16 artifacts), relative to each element's scale.
     """
@@ -31,10 +32,28 @@ class ValidationReport:
     reason: str = ""
     runtime: str = ""
     checks: list[dict[str, Any]] = field(default_factory=list)      # raw output comparisons
-    detections: list[dict[str, Any]] = field(default_factory=list)  # decoded comparisons
+    decoded: list[dict[str, Any]] = field(default_factory=list)  # decoded comparisons (the task's matcher)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     drift: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def __init__(self, status: str, reason: str = "", runtime: str = "", checks: list | None = None,
+                 decoded: list | None = None, notes: list | None = None, seconds: float = 0.0,
+                 drift: dict | None = None, *, detections: list | None = None) -> None:
+        self.status, self.reason, self.runtime, self.seconds = status, reason, runtime, seconds
+        self.checks = list(checks or [])
+        self.decoded = list(decoded if decoded is not None else detections or [])
+        self.notes = list(notes or [])
+        self.drift = dict(drift or {})
+
+    @property
+    def detections(self) -> list[dict[str, Any]]:
+        """The decoded comparisons (:attr:`decoded`), under their name from before tasks were plugins."""
+        return self.decoded
+
+    @detections.setter
+    def detections(self, value: list[dict[str, Any]]) -> None:
+        self.decoded = value
 
     @classmethod
     def not_run(cls, reason: str) -> ValidationReport:
@@ -64,10 +83,10 @@ class ValidationReport:
         copy), ``worst_ratio`` (the largest error relative to its allowance)."""
         raw = self._raw()
         if not raw:  # embedded NMS: the outputs are compared as matched detections
-            if not self.detections:
+            if not self.decoded:
                 return {}
-            return {"max_abs_error": max(d.get("max_box_error", 0.0) for d in self.detections),
-                    "max_conf_diff": max(d["max_conf_diff"] for d in self.detections)}
+            return {"max_abs_error": max(d.get("max_box_error", 0.0) for d in self.decoded),
+                    "max_conf_diff": max(d["max_conf_diff"] for d in self.decoded)}
         out = {"max_abs_error": max(c["max_abs_error"] for c in raw),
                "min_cosine": min(c["cosine"] for c in raw),
                "worst_ratio": max(_num(c.get("ratio", 0.0)) for c in raw)}
@@ -77,13 +96,13 @@ class ValidationReport:
         return out
 
     def _decoded_summary(self) -> str:
-        if not self.detections:
+        if not self.decoded:
             return ""
-        what = "top-k classes" if any(d.get("kind") == "classes" for d in self.detections) else "detections"
-        accounted = sum(d.get("accounted", d["matched"] + d.get("tie_swaps", 0)) for d in self.detections)
-        total = sum(max(d["eager"], d["artifact"]) for d in self.detections)
-        swaps = sum(d.get("tie_swaps", 0) for d in self.detections)
-        cascade = sum(d.get("swap_cascade", 0) for d in self.detections)
+        what = next((d["what"] for d in self.decoded if "what" in d), "detections")
+        accounted = sum(d.get("accounted", d["matched"] + d.get("tie_swaps", 0)) for d in self.decoded)
+        total = sum(max(d["eager"], d["artifact"]) for d in self.decoded)
+        swaps = sum(d.get("tie_swaps", 0) for d in self.decoded)
+        cascade = sum(d.get("swap_cascade", 0) for d in self.decoded)
         extra = []
         if swaps:
             extra.append(f"{swaps} by tie swaps" + (f", {cascade} decided by them" if cascade else ""))
@@ -112,7 +131,7 @@ class ValidationReport:
         """What to do about a failure ('' when it passed)."""
         if self.status != "failed":
             return ""
-        if self.detections and all(d["passed"] for d in self.detections):
+        if self.decoded and all(d["passed"] for d in self.decoded):
             return _ADVICE_RAW_ONLY
         return _ADVICE_DECODED
 
@@ -135,12 +154,10 @@ class ValidationReport:
                 lines.append(f"      element {c['index']}: eager {c['eager']:.7g}, artifact {c['artifact']:.7g}, "
                              f"float64 {c['float64']:.7g}, allowed {c['allowed']:.3g}"
                              + (f"; cosine below {c['min_cosine']:.8f}" if c["cosine"] < c["min_cosine"] else ""))
-        for d in self.detections:
+        for d in self.decoded:
             mark = "ok " if d["passed"] else "BAD"
-            if d.get("kind") == "classes":
-                lines.append(f"  {mark} {d['probe']:<16} top-{d['eager']} classes equal at {d['matched']}/{d['eager']}"
-                             + (f" + {d['tie_swaps']} near-tie swaps" if d.get("tie_swaps") else "")
-                             + f" (max probability diff {d['max_conf_diff']:.2g})")
+            if "line" in d:  # the matcher says how its comparison reads (classes, pixels, ...)
+                lines.append(f"  {mark} {d['probe']:<16} {d['line']}")
                 continue
             lines.append(f"  {mark} {d['probe']:<16} detections eager {d['eager']} artifact {d['artifact']} "
                          f"matched {d['matched']}" + (f" + {d['tie_swaps']} tie swaps" if d.get("tie_swaps") else "")
@@ -154,7 +171,7 @@ class ValidationReport:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason, "runtime": self.runtime, "summary": self.headline(),
                 **_finite(self.worst()), "checks": [_finite(c) for c in self.checks],
-                "detections": [_finite(d) for d in self.detections], "notes": self.notes,
+                "decoded": [_finite(d) for d in self.decoded], "notes": self.notes,
                 "drift": self.drift, "seconds": round(self.seconds, 3)}
 
 

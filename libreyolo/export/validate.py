@@ -26,6 +26,8 @@ from libreyolo.export.module import ExportModule
 from libreyolo.export.report import ValidationReport
 from libreyolo.ops.letterbox import LetterboxMeta
 from libreyolo.results import decoded_predictions
+from libreyolo.tasks import get_task
+from libreyolo.tasks.base import resolve
 from libreyolo.utils.tolerance import (
     ALIGN_RELATIVE,
     DECISION_FACTOR,
@@ -176,7 +178,7 @@ def compare_group(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, 
             "eager": flat(e), "artifact": flat(g), "float64": flat(r), "passed": ok}
 
 
-def _detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, wanted: int = 100) -> float:
+def detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, wanted: int = 100) -> float:
     """``conf``, lowered when fewer than ``wanted`` (box, class) pairs of the sample pass it, so
     that the decoded-detection comparison always has detections to compare."""
     family = model.family
@@ -189,14 +191,12 @@ def _detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, 
                           "weights), so there is nothing valid to export or compare; nothing was written")
     name = family.export.nms_input
     if name is None:
-        if family.task != "detect":
-            return conf
         # no candidate tensor to rank (a set predictor, e.g. DETR): step conf down until the
         # family's own postprocessing keeps enough detections
         for c in (conf, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001):
             if c > conf:
                 continue
-            kept = family.postprocess(out, metas, conf=c, iou=0.45, max_det=300, classes=None)
+            kept = family.postprocess(out, metas, conf=c, iou=0.45, max_det=300)
             if sum(int(k["conf"].numel()) for k in kept) >= min(wanted, 20):
                 return c
         return c
@@ -300,19 +300,23 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     min_cos = contract.cosine_floor(exporter.name, opts.precision, opts.device.type)
     iou_min = 0.99 if opts.precision == "fp32" else 0.9
     nms = opts.nms
-    conf = max(VALIDATION_CONF, nms["conf"]) if nms else VALIDATION_CONF
-    iou, max_det = (nms["iou"], nms["max_det"]) if nms else (0.45, 300)
     report = ValidationReport("passed", runtime=runtime.describe())
-    # how decoded predictions are compared is the family's declaration (detections, classes, ...)
-    module_name, _, attr = contract.decoded_match.partition(":")
-    match_decoded = getattr(importlib.import_module(module_name), attr)
+    # how decoded predictions are compared, and at which options, is the task's declaration
+    # (detections, classes, pixels, ...), unless the family's contract names its own matcher
+    task = get_task(family.task)
+    match_decoded = resolve(contract.decoded_match) if contract.decoded_match else task.matcher()
+    wanted = {"conf": max(VALIDATION_CONF, nms["conf"]) if nms else VALIDATION_CONF,
+              "iou": nms["iou"] if nms else 0.45, "max_det": nms["max_det"] if nms else 300}
+    vopts = task.predict_options({k: v for k, v in wanted.items() if k in task.options})
 
     sample, sample_metas = sample_batch(family, opts.imgsz)
     if not nms:
-        conf = _detection_conf(model, sample, sample_metas, conf)
-        if conf < VALIDATION_CONF:
+        vopts = task.validation_options(model, sample, sample_metas, vopts)
+        if vopts.get("conf", VALIDATION_CONF) < VALIDATION_CONF:
             report.notes.append(f"the eager model scores few boxes above {VALIDATION_CONF} on the sample image "
-                                f"(e.g. untrained weights), so detections are compared at conf={conf:.3g}")
+                                f"(e.g. untrained weights), so detections are compared at conf={vopts.conf:.3g}")
+    conf, iou, max_det = vopts.get("conf"), vopts.get("iou"), vopts.get("max_det")
+    match_kw = {"conf": conf, "max_det": max_det, "iou_min": iou_min, "nms_iou": iou}
     probes = {"sample": sample, **probe_images(opts.imgsz)}
     batches = _batches(probes, opts.batch)
     if opts.dynamic:
@@ -393,21 +397,22 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         plain = LetterboxMeta((x.shape[2], x.shape[3]), 1.0, (0.0, 0.0))
         metas = [sample_metas[0] if p == "sample" else plain for p in picks]
         eager_named = run["eager"]
-        eager = family.postprocess(eager_named, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
-        art = runtime.family.postprocess(got, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+        # eager's side may carry what the matcher needs to tell a tie (validation=True: e.g. the
+        # top-two logit margins of a class map); a family without such evidence ignores it
+        eager = family.postprocess(eager_named, metas, vopts.replace(validation=True))
+        art = runtime.family.postprocess(got, metas, vopts)
         own_decode = art
         if nms is None and compared is not got:  # ties realigned above: compare the decisions eager took
-            art = runtime.family.postprocess(compared, metas, conf=conf, iou=iou, max_det=max_det, classes=None)
+            art = runtime.family.postprocess(compared, metas, vopts)
         if nms:
             over = (eager_named[contract.nms_input][:, 4:] > conf).flatten(1).sum(1)
             if bool((over > nms["topk"]).any()):
-                within_topk = runtime.family.postprocess(run["ref"], metas, conf=conf, iou=iou, max_det=max_det,
-                                                         classes=None)
+                within_topk = runtime.family.postprocess(run["ref"], metas, vopts)
                 eager = [t if bool(o > nms["topk"]) else e for e, t, o in zip(eager, within_topk, over, strict=True)]
                 capped += int((over > nms["topk"]).sum())
         for k, (e, a) in enumerate(zip(eager, art, strict=True)):
-            m = match_decoded(e, a, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=score_tol, nms_iou=iou)
-            report.detections.append({"probe": picks[k] + (f" (batch {len(picks)})" if len(picks) > 1 else ""), **m})
+            m = match_decoded(e, a, score_tol=score_tol, allowed={n: t[k] for n, t in allowed.items()}, **match_kw)
+            report.decoded.append({"probe": picks[k] + (f" (batch {len(picks)})" if len(picks) > 1 else ""), **m})
         if art_sample is None and picks[0] == "sample":
             art_sample = own_decode[0]  # predict() must reproduce the artifact's own decoding exactly
 
@@ -417,11 +422,10 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     from libreyolo.assets import SAMPLE_IMAGE
 
     if art_sample is not None:
-        r = runtime.predict(SAMPLE_IMAGE, imgsz=opts.imgsz, conf=conf, iou=iou, max_det=max_det)
+        r = runtime.predict(SAMPLE_IMAGE, imgsz=opts.imgsz, **vopts)
         got = decoded_predictions(family.task, r)
-        m = match_decoded(art_sample, got, conf=conf, max_det=max_det, iou_min=iou_min, score_tol=score_tol,
-                          nms_iou=iou)
-        report.detections.append({"probe": "predict(sample) vs artifact decode", **m})
+        m = match_decoded(art_sample, got, score_tol=score_tol, **match_kw)
+        report.decoded.append({"probe": "predict(sample) vs artifact decode", **m})
     report.notes.append(f"raw outputs may be {FLOAT32_MULTIPLE:g}x as far from a float64 copy of the eager model as "
                         "the eager float32 model is (per output group, plus a floor of "
                         f"{FLOOR:.2g} of the element's scale); scores compared within {score_tol:.3g}")
@@ -437,7 +441,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         if d16 is not None:
             report.notes.append(f"raw outputs may also differ by {FP16_DRIFT_FACTOR:g}x the eager model's own fp16 "
                                 f"drift from fp32 (largest, relative to scale: {max(d16.values(), default=0):.3g})")
-    if not all(c["passed"] for c in report.checks) or not all(d["passed"] for d in report.detections):
+    if not all(c["passed"] for c in report.checks) or not all(d["passed"] for d in report.decoded):
         report.status = "failed"
     report.seconds = time.perf_counter() - start
     return report

@@ -57,8 +57,9 @@ class ExportContract:
     class_axes: dict[str, tuple[int, int]] = field(default_factory=dict)
     # "module:attribute" of the function that compares decoded predictions (the dicts the
     # family's postprocess returns) of eager and artifact during validation; it returns a dict
-    # with at least "passed" (see libreyolo.export.validate: match_detections, match_classes)
-    decoded_match: str = "libreyolo.export.validate:match_detections"
+    # with at least "passed" (see libreyolo.export.matching); None: the task's own matcher
+    # (libreyolo.tasks: detect match_detections, classify match_classes, semantic match_masks)
+    decoded_match: str | None = None
     # outputs whose axis 1 holds one row per query of a set prediction (DETR): rows of these
     # outputs are compared jointly, and rows that only traded places between eager and artifact
     # (a near-tie in the top-k query selection decided by one ulp) are matched before comparing,
@@ -176,15 +177,29 @@ class Family:
 
         return check_imgsz(value, self.stride)
 
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], **kw: Any) -> list[dict]:
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
+                    **kw: Any) -> list[dict]:
+        """Per-image predictions (the dicts the family's task turns into its Results payload).
+        ``opts``: the call's :class:`~libreyolo.tasks.TaskOptions` (``predict()`` passes one);
+        direct callers may give the task's options as keywords instead (:meth:`task_options`)."""
         raise NotImplementedError(f"family {self.name!r} does not define postprocess()")
+
+    def task_options(self, opts: Any = None, kw: dict[str, Any] | None = None) -> Any:
+        """``opts`` as given, or the task's options from keywords (checked, defaults filled in)."""
+        if opts is not None and not kw:
+            return opts
+        from libreyolo.tasks import get_task
+
+        given = {**(dict(opts) if opts is not None else {}), **(kw or {})}
+        return get_task(self.task).predict_options(given)
 
     def device_postprocess(self) -> Any:
         """The fixed-shape, sync-free form of :meth:`postprocess` a whole-pipeline CUDA graph captures,
-        or None. It has ``params(metas, conf=, iou=, nc=, classes=, device=) -> tensor`` (everything
-        per call that is not a shape), ``__call__(outputs, params, max_det=, max_nms=) -> {name:
-        tensor}`` (the captured stage), ``read(padded) -> list[dict]`` (what :meth:`postprocess`
-        returns) and ``capture_safe(device) -> str | None``; see
+        or None. It has ``params(metas, opts, nc=, device=) -> tensor`` (everything per call that
+        is not a shape; ``opts`` the call's task options), ``static(opts) -> ((name, value), ...)``
+        (the options that fix shapes, one graph per value), ``__call__(outputs, params, **static)
+        -> {name: tensor}`` (the captured stage), ``read(padded) -> list[dict]`` (what
+        :meth:`postprocess` returns) and ``capture_safe(device) -> str | None``; see
         :class:`libreyolo.ops.postprocess.DetectPostprocess`."""
         return None
 

@@ -79,5 +79,6 @@ class ClassifyFamily(Family):
     def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
         return (outputs["logits"] if isinstance(outputs, dict) else outputs,)
 
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], **kw: Any) -> list[dict]:
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
+                    **kw: Any) -> list[dict]:
         return classify_postprocess(outputs["logits"], metas)

@@ -35,7 +35,7 @@ SEMANTIC_EXPORT = ExportContract(
     dynamic_spatial=False,
     groups=(OutputGroup("logits", "map", axis=1),),
     class_axes={"logits": (1, 0)},
-    decoded_match="libreyolo.export.matching:match_masks",
+    # decoded masks: the semantic task's matcher (libreyolo.export.matching:match_masks)
 )
 
 
@@ -64,7 +64,7 @@ class SemanticFamily(Family):
         return (outputs["logits"] if isinstance(outputs, dict) else outputs,)
 
     def postprocess(self, outputs: Any, metas: list[LetterboxMeta], opts: Any = None, **kw: Any) -> list[dict]:
-        classes = getattr(opts, "classes", None)
-        if classes is None:
-            classes = kw.get("classes")
-        return semantic_postprocess(self.export_outputs(outputs)[0], metas, classes=classes)
+        o = self.task_options(opts, {k: v for k, v in kw.items() if k == "classes"})
+        # validation=True (export validation): also each pixel's top-two margin, for tie decisions
+        return semantic_postprocess(self.export_outputs(outputs)[0], metas, classes=o.get("classes"),
+                                    margins=bool(o.get("validation", False)))

@@ -28,6 +28,7 @@ only if the cap is reached before ``max_det`` boxes are kept.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -194,9 +195,14 @@ class DetectPostprocess:
     def __init__(self, output: str = "predictions") -> None:
         self.output = output
 
-    def params(self, metas: Sequence[LetterboxMeta], *, conf: float, iou: float, nc: int,
-               classes: Sequence[int] | None, device: torch.device) -> torch.Tensor:
-        return pack_params(metas, conf=conf, iou=iou, nc=nc, classes=classes, device=device)
+    def params(self, metas: Sequence[LetterboxMeta], opts: Any, *, nc: int, device: torch.device) -> torch.Tensor:
+        """Everything of one call that is not a shape: ``opts`` (the detect task's options) and placements."""
+        return pack_params(metas, conf=opts["conf"], iou=opts["iou"], nc=nc, classes=opts.get("classes"),
+                           device=device)
+
+    def static(self, opts: Any) -> tuple[tuple[str, Any], ...]:
+        """The options that fix the captured stage's shapes (one graph per value)."""
+        return (("max_det", int(opts["max_det"])), ("max_nms", check_max_nms(opts.get("max_nms") or DEFAULT_MAX_NMS)))
 
     def __call__(self, outputs: dict[str, torch.Tensor], params: torch.Tensor, *, max_det: int,
                  max_nms: int) -> dict[str, torch.Tensor]:

@@ -50,12 +50,15 @@ def _allowed_classes(classes: Sequence[int] | None, nc: int, device: torch.devic
 
 
 def semantic_postprocess(logits: torch.Tensor, metas: Sequence[LetterboxMeta], classes: Sequence[int] | None = None,
-                         input_size: tuple[int, int] | None = None, **_: Any) -> list[dict[str, torch.Tensor]]:
+                         input_size: tuple[int, int] | None = None, margins: bool = False,
+                         **_: Any) -> list[dict[str, torch.Tensor]]:
     """One dict per image: ``mask`` (h, w) int64 class ids at the original image's resolution.
 
     ``logits``: (B, nc, H, W) for a network input of ``input_size`` (default: (H, W), the
     network's own output). ``classes``: only these ids can win a pixel (the others are left out
-    before the argmax, so ties keep the lowest allowed id). Detection arguments (``conf``,
+    before the argmax, so ties keep the lowest allowed id). ``margins``: also ``margin`` (h, w)
+    float32, the gap between each pixel's best and second-best resized logit (export validation
+    reads it to tell a tie from a wrong pixel). Detection arguments (``conf``,
     ``iou``, ``max_det``) do not apply and are ignored.
     """
     if logits.ndim != 4 or logits.shape[0] != len(metas):
@@ -77,9 +80,14 @@ def semantic_postprocess(logits: torch.Tensor, metas: Sequence[LetterboxMeta], c
             stop += 1
         y0, x0, vh, vw = window
         crop = logits[start:stop, :, y0:y0 + vh, x0:x0 + vw].float()
-        ids = F.interpolate(crop, size=shape, mode="bilinear", align_corners=False).argmax(1)
+        resized = F.interpolate(crop, size=shape, mode="bilinear", align_corners=False)
+        ids = resized.argmax(1)
         if allowed is not None:
             ids = allowed[ids]
-        out += [{"mask": m} for m in ids]
+        if margins and resized.shape[1] > 1:
+            top2 = resized.topk(2, dim=1).values
+            out += [{"mask": m, "margin": g} for m, g in zip(ids, top2[:, 0] - top2[:, 1], strict=True)]
+        else:
+            out += [{"mask": m} for m in ids]
         start = stop
     return out

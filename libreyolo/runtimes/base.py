@@ -34,8 +34,9 @@ class DecodedFamily:
         self._family = family
         self._decoder = decoder
 
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, **kw: Any) -> list[dict]:
-        return self._decoder(outputs, metas, **kw)
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, opts: Any = None, **kw: Any) -> list[dict]:
+        o = self._family.task_options(opts, kw)
+        return self._decoder(outputs, metas, conf=o.conf, iou=o.iou, max_det=o.max_det, classes=o.get("classes"))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._family, name)

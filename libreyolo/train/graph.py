@@ -242,21 +242,14 @@ def run_steps(model: Any, batches: list[tuple[torch.Tensor, torch.Tensor]], *, g
 def synthetic_batches(model: Any, n: int, batch: int, imgsz: int, seed: int = 0,
                       device: str = "cuda") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Seeded synthetic batches in the network's input range: images, and targets of the task."""
+    from libreyolo.tasks import get_task
+
+    task = get_task(model.task)
     g = torch.Generator().manual_seed(seed)
     scale = 255.0 * model.family.export.input_scale
     out = []
     for _ in range(n):
         images = torch.rand(batch, 3, imgsz, imgsz, generator=g) * scale
-        if model.task == "classify":
-            targets = torch.randint(0, model.nc, (batch,), generator=g)
-        else:
-            rows = []
-            for j in range(batch):
-                k = int(torch.randint(1, 4, (1,), generator=g))
-                xy = torch.rand(k, 2, generator=g) * imgsz * 0.6
-                wh = 16 + torch.rand(k, 2, generator=g) * imgsz * 0.3
-                cls = torch.randint(0, model.nc, (k, 1), generator=g).float()
-                rows.append(torch.cat([torch.full((k, 1), float(j)), cls, xy, (xy + wh).clamp(max=imgsz - 1)], 1))
-            targets = torch.cat(rows)
+        targets = task.synthetic_batch(model, batch, imgsz, g)
         out.append((images.to(device), targets.to(device)))
     return out

@@ -87,13 +87,8 @@ TRAIN_OPTIONS: dict[str, Opt] = {
 
 
 def require_train_extra(task: str, *, validating: bool = True) -> None:
-    """The ``train`` extra's packages, checked before any dataset is scanned (and not first inside a
-    DataLoader worker, where the error would be a traceback)."""
-    from libreyolo.errors import require
+    """The ``train`` extra's packages the task needs, checked before any dataset is scanned (and
+    not first inside a DataLoader worker, where the error would be a traceback)."""
+    from libreyolo.tasks import get_task
 
-    if task == "detect":
-        require("cv2", "train", "detection training and validation (image resizing and augmentation)")
-        if validating:
-            from libreyolo.train.metrics import _coco_backend
-
-            _coco_backend()  # faster-coco-eval or pycocotools, for mAP
+    get_task(task).require_extras(validating=validating)

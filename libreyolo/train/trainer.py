@@ -122,9 +122,11 @@ class Trainer:
     """One training run of ``model`` (a :class:`~libreyolo.engine.model.Model`) with ``args``."""
 
     def __init__(self, model: Any, args: TrainArgs) -> None:
+        from libreyolo.tasks import get_task
         from libreyolo.utils.checks import resolve_device
 
         self.args = args
+        self.task = get_task(model.task)  # datasets, targets, metrics and fitness are the task's
         self.rank, self.local_rank, self.world = _dist_env()
         device = resolve_device(args.device) if args.device is not None else _default_device(model.device)
         if self.world > 1 and device.type == "cuda":
@@ -169,16 +171,7 @@ class Trainer:
         distributed = self.world > 1
         pin = bool(a.pin_memory) and self.device.type == "cuda"
         per_rank = max(1, a.batch // self.world)
-        if self.model.task == "detect":
-            hyp = D.AugmentConfig(**{k: getattr(a, k) for k in (
-                "mosaic", "close_mosaic", "degrees", "translate", "scale", "shear", "fliplr", "flipud", "hsv_h",
-                "hsv_s", "hsv_v")})
-            train = D.DetectionDataset(cfg.train, cfg.names, imgsz, augment=True, hyp=hyp)
-        else:
-            box = self.model.family.letterbox(imgsz)
-            norm = box.normalization() if hasattr(box, "normalization") else {"mean": [0.0] * 3, "std": [1.0] * 3}
-            train = D.ClassifyDataset(cfg.samples("train"), imgsz, augment=True, mean=norm["mean"], std=norm["std"])
-        collate = D.collate_detect if self.model.task == "detect" else D.collate_classify
+        train, collate = self.task.train_dataset(self.model, cfg, imgsz, a)
         val = val_dataset(self.model, cfg, imgsz)[0] if cfg.val else None  # what model.val() reads too
         train_loader = D.build_dataloader(train, per_rank, shuffle=True, workers=a.workers, pin_memory=pin,
                                           seed=a.seed + self.rank, collate_fn=collate, distributed=distributed)
@@ -224,8 +217,7 @@ class Trainer:
         net = model.net
         net.train()
         self._graph_flag(net)
-        hyp = {"label_smoothing": a.label_smoothing} if model.task == "classify" else {}
-        criterion = loss_for(model.family.name, model.task, model.nc, **hyp)
+        criterion = loss_for(model.family.name, model.task, model.nc, **self.task.loss_hyp(a))
         train_set, train_loader, val_loader = self._loaders(cfg, imgsz)
         steps = len(train_loader)
         accumulate = max(1, round(a.nbs / max(1, a.batch)))
@@ -404,28 +396,24 @@ class Trainer:
                     file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
 
     def _to_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        images, targets = batch[0], batch[1]
+        images = batch[0]
         non_blocking = self.device.type == "cuda"
         images = images.to(self.device, non_blocking=non_blocking)
         if images.dtype == torch.uint8:
             images = images.float() / 255.0 * (255.0 * self.model.family.export.input_scale)
+        targets = self.task.batch_targets(batch)
         return images, targets.to(self.device, non_blocking=non_blocking)
 
     def _loss_names(self, mean: torch.Tensor, raw: bool = False) -> dict[str, Any]:
         names = self.model.family.training_items
         return {n: (float(v) if raw else f"{float(v):.4f}") for n, v in zip(names, mean.tolist(), strict=False)}
 
-    @staticmethod
-    def _fitness(metrics: dict[str, float]) -> float | None:
-        if "mAP50-95" in metrics:
-            return 0.9 * metrics["mAP50-95"] + 0.1 * metrics["mAP50"]
-        if "top1" in metrics:
-            return metrics["top1"]
-        return None
+    def _fitness(self, metrics: dict[str, float]) -> float | None:
+        return self.task.fitness(metrics)
 
     def _validate(self, net: nn.Module, loader) -> dict[str, float]:
-        return validate(self.model, net, loader, conf=self.args.conf, iou=self.args.iou, max_det=self.args.max_det,
-                        device=self.device)
+        return validate(self.model, net, loader, device=self.device, conf=self.args.conf, iou=self.args.iou,
+                        max_det=self.args.max_det)
 
     def _diverged(self, what: str, epoch: int, batch: int | None, step: int | None) -> str:
         where = f"epoch {epoch + 1} batch {batch} (step {step})" if batch is not None else f"epoch {epoch + 1}"

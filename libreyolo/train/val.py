@@ -11,41 +11,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from libreyolo.errors import ArgumentError, LibreYOLOError
+from libreyolo.errors import ArgumentError
 
 __all__ = ["load_dataset", "val", "val_dataset"]
 
 
 def load_dataset(task: str, data: Any):
-    """The dataset description of ``data`` for ``task``: a detection YAML or a classification root."""
-    from libreyolo.train import data as D
+    """The dataset description of ``data`` for ``task`` (the task reads it: a detection YAML, a
+    classification root, a semantic YAML, ...)."""
+    from libreyolo.tasks import get_task
 
-    if not isinstance(data, (str, bytes)) and not hasattr(data, "__fspath__"):
-        raise ArgumentError(f"data must be a dataset YAML (detect) or an image-folder root (classify), got {data!r}")
-    if task == "detect":
-        return D.load_data_yaml(data)
-    if task == "classify":
-        return D.load_classify_root(data)
-    raise LibreYOLOError(f"training and validation for task {task!r} are not available")
+    return get_task(task).load_data(data)
 
 
 def val_dataset(model: Any, cfg: Any, imgsz: int):
     """The evaluation dataset of ``cfg``'s val split at ``imgsz`` and its collate function (the
     trainer's per-epoch validation reads the same one)."""
-    from libreyolo.train import data as D
+    from libreyolo.tasks import get_task
 
-    if model.task == "detect":
-        return D.DetectionDataset(cfg.val, cfg.names, imgsz, augment=False), D.collate_detect
-    box = model.family.letterbox(imgsz)
-    norm = box.normalization() if hasattr(box, "normalization") else {"mean": [0.0] * 3, "std": [1.0] * 3}
-    return (D.ClassifyDataset(cfg.samples("val"), imgsz, augment=False, mean=norm["mean"], std=norm["std"]),
-            D.collate_classify)
+    return get_task(model.task).val_dataset(model, cfg, imgsz)
 
 
 def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 16, workers: int = 2,
         device: Any = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
-    """Metrics of ``model`` (eager or artifact) on the val split of ``data``: ``mAP50-95``,
-    ``mAP50``, ``precision``, ``recall`` (detect) or ``top1``, ``top5`` (classify).
+    """Metrics of ``model`` (eager or artifact) on the val split of ``data``, its task's:
+    ``mAP50-95``, ``mAP50``, ``precision``, ``recall`` (detect), ``top1``, ``top5`` (classify),
+    ``mIoU``, ``pixel_acc``, ``mAcc`` (semantic).
 
     Options are checked by :data:`libreyolo.train.options.VAL_OPTIONS` (the table ``predict()``
     and ``libreyolo val`` use too); ``imgsz`` is the model's (an artifact's: the size it was
@@ -59,7 +50,9 @@ def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 
     o = check_all(VAL_OPTIONS, {"data": data, "imgsz": imgsz, "batch": batch, "workers": workers, "device": device,
                                 "conf": conf, "iou": iou, "max_det": max_det}, command="val")
     if not o["data"]:
-        raise ArgumentError("val needs data=: a dataset YAML (detect) or an image-folder root (classify)")
+        from libreyolo.tasks import get_task
+
+        raise ArgumentError(f"val needs data=: {get_task(model.task).data_help}")
     conf, iou, batch, max_det, workers = o["conf"], o["iou"], o["batch"], o["max_det"], o["workers"]
     size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
     check_input_budget(batch, size, explicit=True)

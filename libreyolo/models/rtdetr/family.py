@@ -69,9 +69,10 @@ class RTDETRFamily(Family):
         # the reference resizes with cv2.INTER_LINEAR to imgsz x imgsz, no letterbox, no mean/std
         return Stretch(imgsz, method="opencv-linear")
 
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, **kw: Any) -> list[dict]:
-        return topk_postprocess(outputs["pred_logits"], outputs["pred_boxes"], metas, conf=kw["conf"],
-                                max_det=kw["max_det"], classes=kw.get("classes"))
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, opts: Any = None, **kw: Any) -> list[dict]:
+        o = self.task_options(opts, kw)
+        return topk_postprocess(outputs["pred_logits"], outputs["pred_boxes"], metas, conf=o.conf,
+                                max_det=o.max_det, classes=o.classes)
 
     def filename(self, size: str) -> str:
         return f"LibreRTDETR{size}"

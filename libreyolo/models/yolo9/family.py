@@ -53,8 +53,12 @@ class Yolo9(Family):
     def device_postprocess(self) -> DetectPostprocess:
         return _DEVICE_POSTPROCESS
 
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], **kw: Any) -> list[dict]:
-        return detect_postprocess(outputs["predictions"], metas, **kw)
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
+                    **kw: Any) -> list[dict]:
+        o = self.task_options(opts, kw)
+        extra = {} if o.max_nms is None else {"max_nms": o.max_nms}
+        return detect_postprocess(outputs["predictions"], metas, conf=o.conf, iou=o.iou, max_det=o.max_det,
+                                  classes=o.classes, **extra)
 
     def filename(self, size: str) -> str:
         return f"LibreYOLO9{size}"
