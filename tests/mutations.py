@@ -30,6 +30,8 @@ CASES: dict[str, tuple[str, int, dict[str, tuple[float, float, slice]]]] = {
     "rtdetr": ("r18", 160, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
     # classifier logits x8
     "vit": ("ti", 224, {r"head\.": (8.0, 0.0, slice(None))}),
+    # per-pixel class logits x8 (a trained segmenter's sharp head)
+    "segformer": ("b0", 128, {r"decode_head\.classifier\.": (8.0, 0.0, slice(None))}),
 }
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("onnxruntime")
 
 # (family, seed, high gain): CI-sized; the survey tool runs more seeds
 TRUE_CASES = [("yolo9", 1, False), ("yolo9", 2, True), ("yolox", 3, False), ("yolox", 4, True),
-              ("rtdetr", 5, True), ("vit", 6, True)]
+              ("rtdetr", 5, True), ("vit", 6, True), ("segformer", 7, False), ("segformer", 8, True)]
 _MODELS: dict = {}
 _ARTIFACTS: dict = {}
 
@@ -60,7 +60,7 @@ def test_high_gain_yolox_has_the_refused_checkpoints_cancelling_box_corners():
 
 @pytest.mark.parametrize("mutation", sorted(mutations.MODEL_MUTATIONS))
 @pytest.mark.parametrize("family,seed,high_gain", [("yolo9", 1, False), ("yolox", 4, True), ("rtdetr", 5, True),
-                                                   ("vit", 6, True)])
+                                                   ("vit", 6, True), ("segformer", 8, True)])
 def test_a_wrong_artifact_is_refused(tmp_path_factory, family, seed, high_gain, mutation):
     model = _model(family, seed, high_gain)
     wrong = mutations.MODEL_MUTATIONS[mutation](model)
