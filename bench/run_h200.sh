@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The recorded H200 session: GPU tests, graph parity matrix, serving/attention/DETR benchmarks.
 # Usage (on the GPU machine, repo root, .peer = unpacked reference wheel):
-#   bash bench/run_h200.sh tests|bench|serving|serving-aoti OUTDIR
+#   bash bench/run_h200.sh tests|bench|serving|serving-aoti|segformer OUTDIR
 # serving-aoti: the AOTInductor rows of the dense and spread workloads (4 packages; no reference,
 # whose rows are in the full serving run), which do not fit in one 10-minute call with the rest.
+# segformer: the graph parity matrix of every SegFormer size (b0-b5, fp32 and fp16, at the
+# harness's default 640/320, b5's own input size), then bench/segformer_bench.py (b0, b2; fp32
+# and fp16; batch 1 and 8; the reference in a child process): at most 240 + 290 s.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -31,4 +34,15 @@ if [ "$phase" = serving-aoti ]; then
     --workloads dense spread spread-0.001 --aoti-weights dense spread \
     --json "$out/$day-serving-aoti-h200.json" > "$out/$day-serving-aoti-h200.log" 2>&1
   echo "serving-aoti rc=$?"; tail -40 "$out/$day-serving-aoti-h200.log"
+fi
+if [ "$phase" = segformer ]; then
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  rm -f "$out/graph_parity_segformer.md"
+  timeout 240 python -u -m libreyolo.graphs.parity --family segformer --json "$out/$day-graph-parity-segformer-h200.json" \
+    --md "$out/graph_parity_segformer.md" > "$out/$day-graph-parity-segformer-h200.log" 2>&1
+  echo "segformer parity rc=$? (124: timed out, no JSON; the log has one line per finished size)"
+  grep -E "^segformer-|Error" "$out/$day-graph-parity-segformer-h200.log" | tail -12; tail -25 "$out/graph_parity_segformer.md" 2>/dev/null
+  timeout 290 python -u bench/segformer_bench.py --half --budget-s 150 --peer-timeout 110 --peer-python /tmp/peerpy \
+    --json "$out/$day-segformer-h200.json" > "$out/$day-segformer-h200.log" 2>&1
+  echo "segformer bench rc=$? (the JSON is rewritten after every stage)"; tail -45 "$out/$day-segformer-h200.log"
 fi
