@@ -120,7 +120,7 @@ def _half_copy(net: Any) -> Any | None:
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
+    a, b = a.detach().double().cpu().flatten(), b.detach().double().cpu().flatten()  # eager may be on CUDA
     if not a.numel():
         return 1.0
     na, nb = float(a.norm()), float(b.norm())
@@ -263,8 +263,15 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
                 e16 = family.named_outputs(half_net(x.to(model.device, torch.float16)))
                 e16 = {k: v.float() for k, v in e16.items()}
         got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
-        runs.append({"picks": picks, "x": x, "eager": eager, "e64": e64, "e16": e16, "ref": ref, "got": got})
+        # compared on the CPU (the float64 reference is there); the artifact's outputs also stay
+        # on its own device, whose decoding predict() must reproduce exactly
+        runs.append({"picks": picks, "x": x, "eager": _cpu(eager), "e64": e64, "e16": _cpu(e16), "ref": _cpu(ref),
+                     "got": _cpu(got), "got_device": got})
     return runs
+
+
+def _cpu(outputs: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    return None if outputs is None else {k: v.detach().cpu() for k, v in outputs.items()}
 
 
 def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...],
@@ -414,7 +421,10 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
             m = match_decoded(e, a, score_tol=score_tol, allowed={n: t[k] for n, t in allowed.items()}, **match_kw)
             report.decoded.append({"probe": picks[k] + (f" (batch {len(picks)})" if len(picks) > 1 else ""), **m})
         if art_sample is None and picks[0] == "sample":
-            art_sample = own_decode[0]  # predict() must reproduce the artifact's own decoding exactly
+            # predict() must reproduce the artifact's own decoding, on its own device, exactly
+            on_device = runtime.family.postprocess(run["got_device"], metas, vopts) \
+                if runtime.device.type != "cpu" else own_decode
+            art_sample = {k: v.cpu() for k, v in on_device[0].items()}
 
     _check_preprocessing(model, runtime, opts, report)
     # the sample image through the artifact's complete predict(); the eager side is the same
