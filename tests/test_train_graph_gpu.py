@@ -32,6 +32,19 @@ def _model(name: str, size: str, imgsz: int, nc: int = 8) -> Model:
     return Model(family, size, nc=nc, names={i: str(i) for i in range(nc)}, imgsz=imgsz).to("cuda")
 
 
+def _without_stochastic_layers(model: Model) -> Model:
+    """Dropout and drop path off (SegFormer has both; the other families neither). A replay draws its
+    own random numbers (CUDA graphs advance the generator per replay), never eager's, so bit
+    equality is proven with them off; the H200 run (2026-12-02) found segformer-b0's first replayed
+    loss 2.0991 against eager's 2.0990 with them on, and bit-equal with them off."""
+    for m in model.net.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "drop", None), float):
+            m.drop = 0.0
+    return model
+
+
 def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
     assert a.keys() == b.keys()
     return [k for k in a if not torch.equal(a[k], b[k])]
@@ -67,7 +80,7 @@ def test_first_replay_is_one_eager_step_bit_for_bit(case, amp):
     algorithms, and the deformable attention's backward adds with atomics); bench/train_bench.py
     records both differences."""
     name, size, imgsz, b = case
-    model = _model(name, size, imgsz)
+    model = _without_stochastic_layers(_model(name, size, imgsz))
     start = {k: v.clone() for k, v in model.net.state_dict().items()}
     data = batches(model, 1, b, imgsz)
     eager = run_steps(model, data, graph=False, amp=amp)

@@ -317,7 +317,7 @@ def _pipeline_checks(model, p: dict[int, dict[str, torch.Tensor]], big: int, sma
     if not found[0]:
         record("pipeline_probes", False, "no probe gave a detection: parity would be vacuous")
     x, kw = probes_big[-1]
-    variants = [{**kw, "iou": 0.3}, {**kw, "conf": kw["conf"] * 1.5, "iou": 0.7},
+    variants = [{**kw, "iou": 0.3}, {**kw, "conf": min(1.0, kw["conf"] * 1.5), "iou": 0.7},
                 {**kw, "classes": list(range(0, 80, 3))}]
     run("pipeline_thresholds", [(x, v) for v in variants])
     graphs = [g for g in model.graph_info()["graphs"] if g.get("program") == "pipeline"]

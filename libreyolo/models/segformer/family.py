@@ -21,6 +21,10 @@ class SegFormerFamily(SemanticFamily):
     stride = 32  # four patch embeddings: 4 x 2 x 2 x 2
     filename_pattern = r"LibreSegformer(?P<size>b[0-5])-sem"
     nc_key = "decode_head.classifier.bias"
+    # H200 graph parity matrix: every size b0-b5, fp32 and fp16, every check bit for bit
+    # (bench/results/2026-12-02-graph-parity-segformer-h200.*). No whole-pipeline graph: the class
+    # map is resized to each image's own size, a shape a graph cannot fix
+    SUPPORTS_CUDA_GRAPH = True
     # the reference recipe (mmsegmentation's ADE20K schedule): AdamW (torch's betas) at 6e-5 with
     # weight decay 0.01, linear decay to ~0 after a 5-epoch warm-up, no mosaic, no colour jitter
     train_defaults = {"optimizer": "AdamW", "lr0": 6e-5, "momentum": 0.9, "weight_decay": 0.01,
