@@ -16,6 +16,7 @@ from libreyolo.models.registry import families
 from libreyolo.models.segformer.network import EfficientAttention, SegFormer
 from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
 from libreyolo.ops.semantic import semantic_postprocess
+from libreyolo.tasks import get_task
 from libreyolo.train.loss import loss_for
 from libreyolo.train.loss.semantic import SemanticLoss
 from tests.compat_utils import RAW_ATOL, schema
@@ -178,10 +179,8 @@ def test_family_postprocess_reads_classes_from_options_or_keywords():
     family = families()["segformer"]
     metas = [LetterboxMeta((6, 12), 8 / 12, (0.0, 0.0))]
 
-    class Opts:
-        classes = [2, 0]
-
-    by_opts = family.postprocess({"logits": _content_logits(8, 4, 8)}, metas, Opts())[0]["mask"]
+    opts = get_task("semantic").predict_options({"classes": [2, 0]})  # what predict() hands over
+    by_opts = family.postprocess({"logits": _content_logits(8, 4, 8)}, metas, opts)[0]["mask"]
     by_kw = family.postprocess(_content_logits(8, 4, 8), metas, classes=[2, 0], conf=0.25)[0]["mask"]
     assert torch.equal(by_opts, by_kw) and 3 not in by_kw.unique().tolist()
 
