@@ -1,0 +1,117 @@
+"""The rtmdet family adapter: what predict, graphs, export and runtimes need to know.
+
+Preprocessing, as the reference library does it for RTMDet: Pillow's bilinear resize of the
+8-bit RGB image to ``int(side * ratio)``, placed top-left on a grey-114 square, flipped to
+**BGR**, then normalised per channel with mmdetection's constants, ``(pixel - mean) / std`` on
+0..255 values (mean 103.53, 116.28, 123.675; std 57.375, 57.12, 58.395, in BGR order).
+
+The normalisation belongs to the preprocessor, not the network: the reference module takes the
+normalised tensor (its raw outputs, and every checkpoint, are defined on it), so the network
+here does too, and artifacts take it like the classifiers' normalised inputs (a float tensor,
+``image_input=False``; the metadata records scale 1, mean and std).
+
+Postprocessing: sigmoid scores for every class of every point (multi-label), boxes from the
+point and its four distances, then the shared detection postprocessing (clip to the image,
+per-class NMS), which is what the reference's per-level candidate selection, clamp and NMS
+amount to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.models.base import ExportContract, Family
+from libreyolo.models.registry import register_family
+from libreyolo.models.rtmdet.network import SIZES, RTMDet, decode
+from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
+from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess
+
+_DEVICE_POSTPROCESS = DetectPostprocess("predictions")
+# mmdetection's RTMDet data preprocessor, on BGR 0..255 values (its config: bgr_to_rgb=False)
+BGR_MEAN = (103.53, 116.28, 123.675)
+BGR_STD = (57.375, 57.12, 58.395)
+
+
+@dataclass(frozen=True)
+class NormalizedLetterbox(Letterbox):
+    """A :class:`Letterbox` whose output is then normalised per channel: ``(x - mean) / std``.
+
+    ``mean``/``std`` are in the letterbox's own output units and channel order (here BGR
+    0..255). Computed in float32 whatever the batch dtype, as the reference does in numpy.
+    """
+
+    mean: tuple[float, float, float] = BGR_MEAN
+    std: tuple[float, float, float] = BGR_STD
+
+    @property
+    def neutral_input(self) -> float:
+        # one value for every channel: the padding grey normalised with the middle channel's
+        # constants (a blank image to within a few hundredths in the other two)
+        return (self.pad_value / self.divisor - self.mean[1]) / self.std[1]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "mean": list(self.mean), "std": list(self.std)}
+
+    def normalization(self) -> dict[str, Any]:
+        return {"mean": list(self.mean), "std": list(self.std)}
+
+    def __call__(self, images: list[torch.Tensor], dtype: torch.dtype = torch.float32,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[LetterboxMeta]]:
+        batch, metas = super().__call__(images, dtype=dtype, out=out)
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
+        batch.copy_((batch.float() - mean) / std)
+        return batch, metas
+
+
+@register_family
+class RTMDetFamily(Family):
+    name = "rtmdet"
+    task = "detect"
+    sizes = tuple(SIZES)
+    default_size = "s"
+    default_imgsz = 640  # the reference's input size for every size
+    stride = 32
+    filename_pattern = r"LibreRTMDet(?P<size>[tsmlx])"
+    export = ExportContract(
+        input_name="images",
+        input_color="BGR",
+        input_scale=1.0,  # 0..255 pixel values, then the mean/std of the letterbox
+        image_input=False,  # normalised with a per-channel mean/std: a float tensor, not an 8-bit image
+        output_names=("predictions",),
+        output_axes={"predictions": {0: "batch", 2: "anchors"}},
+        dynamic_batch=True,
+        dynamic_spatial=True,
+        nms_input="predictions",
+        class_axes={"predictions": (1, 4)},  # (B, 4 box coordinates + nc class scores, anchors)
+        # default groups: box coordinates, then every class's score (multi-label)
+    )
+    nc_key = "head.rtm_cls.0.bias"  # the first level's class conv: one output per class
+    training = None  # the dynamic soft-label assigner and QFL/GIoU losses are not written yet
+
+    def build(self, size: str, nc: int) -> nn.Module:
+        return RTMDet(size, nc)
+
+    def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
+        """``(cls_logits, distances)`` decoded into ``predictions`` (B, 4 + nc, N): in every artifact and graph."""
+        return (decode(outputs),)
+
+    def letterbox(self, imgsz: int) -> NormalizedLetterbox:
+        return NormalizedLetterbox(imgsz, pad_value=114.0, placement="topleft", resize="pil-bilinear",
+                                   size_rounding="floor", channels="BGR", divisor=1.0)
+
+    def device_postprocess(self) -> DetectPostprocess:
+        return _DEVICE_POSTPROCESS
+
+    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
+                    **kw: Any) -> list[dict]:
+        o = self.task_options(opts, kw)
+        extra = {} if o.max_nms is None else {"max_nms": o.max_nms}
+        return detect_postprocess(outputs["predictions"], metas, conf=o.conf, iou=o.iou, max_det=o.max_det,
+                                  classes=o.classes, **extra)
+
+    def filename(self, size: str) -> str:
+        return f"LibreRTMDet{size}"
