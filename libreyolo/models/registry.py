@@ -9,7 +9,7 @@ from libreyolo.models.base import Family
 
 _FAMILIES: dict[str, Family] = {}
 # folders under libreyolo/models that hold a family; imported on first registry use
-_BUILTIN = ("yolo9", "vit", "deit", "rtdetr", "swin", "yolox", "dfine", "segformer")
+_BUILTIN = ("yolo9", "vit", "deit", "rtdetr", "swin", "yolox", "dfine", "segformer", "swinir")
 _loaded = False
 
 F = TypeVar("F", bound=type[Family])

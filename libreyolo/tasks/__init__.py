@@ -13,7 +13,7 @@ from libreyolo.tasks.base import Task, TaskOptions
 __all__ = ["Task", "TaskOptions", "all_task_options", "get_task", "payload_names", "register_task", "tasks"]
 
 _TASKS: dict[str, Task] = {}
-_BUILTIN = ("detect", "classify", "semantic")
+_BUILTIN = ("detect", "classify", "semantic", "restore")
 _loaded = False
 
 

@@ -38,6 +38,7 @@ from torch import nn
 from libreyolo.kernels.attention import attention
 from libreyolo.layers.mlp import Mlp
 from libreyolo.models.swin.network import relative_position_index, shifted_window_mask, window_merge, window_partition
+from libreyolo.ops.pad import reflect_pad_to, round_up
 
 __all__ = ["SIZES", "SwinIR", "SwinIRConfig"]
 
@@ -77,14 +78,8 @@ def residual_conv(dim: int, kind: str) -> nn.Module:
 
 
 def pad_to_window(x: torch.Tensor, window: int = WINDOW) -> torch.Tensor:
-    """(B, C, H, W) padded at the bottom and right to multiples of ``window``: reflected, or replicated
-    where a side is 1 or the pad is not smaller than the side (reflect cannot)."""
-    h, w = x.shape[-2:]
-    ph, pw = -h % window, -w % window
-    if not ph and not pw:
-        return x
-    mode = "reflect" if h > 1 and w > 1 and ph < h and pw < w else "replicate"
-    return F.pad(x, (0, pw, 0, ph), mode=mode)
+    """(B, C, H, W) padded at the bottom and right to multiples of ``window`` (:func:`reflect_pad_to`)."""
+    return reflect_pad_to(x, round_up(int(x.shape[-2]), window), round_up(int(x.shape[-1]), window))
 
 
 class SwinIRAttention(nn.Module):
