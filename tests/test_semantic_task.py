@@ -26,10 +26,12 @@ def seg():
 
 
 def test_every_task_is_a_plugin_with_its_own_payload_and_options():
-    assert payload_names() == {"boxes": "detect", "probs": "classify", "semantic_mask": "semantic"}
+    assert payload_names() == {"boxes": "detect", "probs": "classify", "semantic_mask": "semantic",
+                               "restored": "restore"}
     assert set(get_task("detect").options) == {"conf", "iou", "max_det", "max_nms", "classes"}
     assert get_task("classify").options == {}
     assert set(get_task("semantic").options) == {"classes"}
+    assert get_task("restore").options == {} and not get_task("restore").has_classes
     with pytest.raises(TypeError, match="unknown payload"):
         Results(names={}, orig_shape=(2, 2), masks=None)
 

@@ -11,7 +11,7 @@ from libreyolo.utils.registry import Registry
 
 __all__ = ["Task", "TaskOptions", "all_task_options", "get_task", "payload_names", "register_task", "tasks"]
 
-_BUILTIN = ("detect", "classify", "semantic")
+_BUILTIN = ("detect", "classify", "semantic", "restore")
 
 
 def _one_payload_each(known: dict[str, Task], cls: type[Task]) -> None:
