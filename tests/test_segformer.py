@@ -287,3 +287,22 @@ def test_probe_parity_fails_with_the_concatenation_in_stage_order(b0_fixture, co
     with torch.no_grad():  # reversing the weight's input blocks = concatenating shallowest first
         fuse.copy_(fuse.reshape(fuse.shape[0], 4, -1, 1, 1).flip(1).reshape(fuse.shape))
     assert _probe_error(net, b0_fixture, compat_fill) > RAW_ATOL
+
+
+def test_set_fused_attention_switches_a_libreyolo_model_and_predict_follows():
+    """The kernels design's example, ``print(set_fused_attention(model))`` on what ``LibreYOLO(...)``
+    returns: every attention module switched, ``enabled=False`` back, and the next predict runs the
+    new path (its inference copy is rebuilt, not the stale one kept)."""
+    from libreyolo import SAMPLE_IMAGE, LibreYOLO
+
+    model = LibreYOLO("LibreSegformerb0-sem.yaml", nc=3)
+    n = sum(isinstance(m, EfficientAttention) for m in model.net.modules())
+    model.predict(SAMPLE_IMAGE, imgsz=64)  # builds the inference copy with the manual path
+    assert set_fused_attention(model) == n == 8
+    assert all(m.fused_attn for m in model.inference_module().modules() if isinstance(m, EfficientAttention))
+    assert set_fused_attention(model, enabled=False) == n
+    assert not any(m.fused_attn for m in model.inference_module().modules() if isinstance(m, EfficientAttention))
+    with pytest.raises(ArgumentError, match="enabled"):
+        model.set_fused_attention("maybe")
+    with pytest.raises(TypeError, match="nn.Module or a LibreYOLO model"):
+        set_fused_attention(object())

@@ -326,6 +326,21 @@ class Model(PipelineGraphs, Predictor):
             copies.invalidate("weights were modified in place (load_weights)")
         return self
 
+    def set_fused_attention(self, enabled: bool = True) -> int:
+        """Switch every attention module of the network to fused SDPA (``enabled``) or the manual
+        path; returns how many modules it switched (0: no switchable attention). The inference
+        copies and their graphs are rebuilt on the next predict (docs/kernels.md)."""
+        from libreyolo.kernels.attention.sdpa import set_fused_attention
+        from libreyolo.utils.checks import parse_bool
+
+        enabled = parse_bool("enabled", enabled)
+        copies = self._copies()
+        with copies.mutating():
+            switched = set_fused_attention(self.net, enabled)
+            if switched:
+                copies.invalidate(f"attention switched to {'fused' if enabled else 'manual'}")
+        return switched
+
     def save(self, path: str | Path) -> str:
         """Write a reference-format (schema 1.0) checkpoint atomically."""
         return str(save_checkpoint(path, self.net, family=self.family, size=self.size, nc=self.nc,

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -161,14 +162,18 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
-def set_fused_attention(model: nn.Module, enabled: bool = True) -> int:
+def set_fused_attention(model: Any, enabled: bool = True) -> int:
     """Set the `fused_attn` flag of every submodule that has one; returns how many it set.
 
-    The count is the number of attention modules the switch controls (all of
-    them now equal `enabled`), so 0 means the model has no switchable attention.
+    ``model``: a network (``nn.Module``) or a model ``LibreYOLO(...)`` returns (its master network
+    is switched and its inference copies and their graphs are rebuilt, so that the next predict
+    runs the new path). The count is the number of attention modules the switch controls (all
+    of them now equal `enabled`), so 0 means the model has no switchable attention.
     """
+    if not isinstance(model, nn.Module) and callable(getattr(model, "set_fused_attention", None)):
+        return model.set_fused_attention(enabled)
     if not isinstance(model, nn.Module):
-        raise TypeError(f"set_fused_attention expects an nn.Module, got {type(model).__name__}")
+        raise TypeError(f"set_fused_attention expects an nn.Module or a LibreYOLO model, got {type(model).__name__}")
     switched = 0
     for module in model.modules():
         if isinstance(getattr(module, "fused_attn", None), bool):
