@@ -209,12 +209,10 @@ class Results:
         unknown = sorted(k for k in payloads if k not in known)
         if unknown:
             raise TypeError(f"Results got unknown payload(s) {unknown}; registered: {sorted(known)}")
-        object.__setattr__(self, "_payloads", {k: v for k, v in payloads.items() if v is not None})
-        self.names = names
-        self.orig_shape = orig_shape
-        self.path = path
-        self._orig_img = orig_img
-        self.speed = speed or {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}
+        own = {"_payloads": {k: v for k, v in payloads.items() if v is not None}, "names": names,
+               "orig_shape": orig_shape, "path": path, "_orig_img": orig_img,
+               "speed": speed or {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}}
+        self.__dict__.update(own)  # its own fields: no payload lookup per result
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

@@ -23,13 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract, Family
+from libreyolo.models.base import ExportContract
+from libreyolo.models.dense import DenseDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.rtmdet.network import SIZES, RTMDet, decode
 from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
-from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess
 
-_DEVICE_POSTPROCESS = DetectPostprocess("predictions")
 # mmdetection's RTMDet data preprocessor, on BGR 0..255 values (its config: bgr_to_rgb=False)
 BGR_MEAN = (103.53, 116.28, 123.675)
 BGR_STD = (57.375, 57.12, 58.395)
@@ -68,9 +67,8 @@ class NormalizedLetterbox(Letterbox):
 
 
 @register_family
-class RTMDetFamily(Family):
+class RTMDetFamily(DenseDetectFamily):
     name = "rtmdet"
-    task = "detect"
     sizes = tuple(SIZES)
     default_size = "s"
     default_imgsz = 640  # the reference's input size for every size
@@ -102,16 +100,6 @@ class RTMDetFamily(Family):
     def letterbox(self, imgsz: int) -> NormalizedLetterbox:
         return NormalizedLetterbox(imgsz, pad_value=114.0, placement="topleft", resize="pil-bilinear",
                                    size_rounding="floor", channels="BGR", divisor=1.0)
-
-    def device_postprocess(self) -> DetectPostprocess:
-        return _DEVICE_POSTPROCESS
-
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
-                    **kw: Any) -> list[dict]:
-        o = self.task_options(opts, kw)
-        extra = {} if o.max_nms is None else {"max_nms": o.max_nms}
-        return detect_postprocess(outputs["predictions"], metas, conf=o.conf, iou=o.iou, max_det=o.max_det,
-                                  classes=o.classes, **extra)
 
     def filename(self, size: str) -> str:
         return f"LibreRTMDet{size}"

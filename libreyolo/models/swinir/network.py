@@ -35,9 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.kernels.attention import attention
 from libreyolo.layers.mlp import Mlp
-from libreyolo.models.swin.network import relative_position_index, shifted_window_mask, window_merge, window_partition
+from libreyolo.models.swin.network import WindowAttention, shifted_window_mask, window_merge, window_partition
 from libreyolo.ops.pad import reflect_pad_to, round_up
 
 __all__ = ["SIZES", "SwinIR", "SwinIRConfig"]
@@ -82,33 +81,13 @@ def pad_to_window(x: torch.Tensor, window: int = WINDOW) -> torch.Tensor:
     return reflect_pad_to(x, round_up(int(x.shape[-2]), window), round_up(int(x.shape[-1]), window))
 
 
-class SwinIRAttention(nn.Module):
-    """Multi-head self-attention in one window with a relative position bias (index kept in the state dict)."""
+class SwinIRAttention(WindowAttention):
+    """Swin's window attention (:class:`libreyolo.models.swin.network.WindowAttention`), with the
+    relative position index kept in the state dict, as SwinIR checkpoints hold it."""
 
     def __init__(self, dim: int, num_heads: int, window: int) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.window = window
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
-        self.fused_attn = False
-        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
-        self.register_buffer("relative_position_index", relative_position_index(window))
-        self.qkv = nn.Linear(dim, dim * 3)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``x``: (B * nW, N, C), the windows of one image consecutive; ``mask``: (nW, N, N) or None."""
-        bw, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(bw, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        table = self.relative_position_bias_table[self.relative_position_index.reshape(-1)]
-        bias = table.reshape(n, n, self.num_heads).permute(2, 0, 1).unsqueeze(0)  # (1, heads, N, N)
-        if mask is not None:
-            windows = mask.shape[0]
-            bias = (bias + mask.unsqueeze(1)).unsqueeze(0)  # (1, nW, heads, N, N)
-            bias = bias.expand(bw // windows, -1, -1, -1, -1).reshape(bw, self.num_heads, n, n)
-        out = attention(q, k, v, mask=bias.to(q.dtype), scale=self.scale, fused=self.fused_attn)
-        return self.proj(out.transpose(1, 2).reshape(bw, n, c))
+        super().__init__(dim, num_heads, window)
+        self._non_persistent_buffers_set.discard("relative_position_index")
 
 
 class SwinIRBlock(nn.Module):

@@ -1,24 +1,19 @@
 """The yolo9 family adapter: what predict, graphs, export and runtimes need to know."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract, Family
+from libreyolo.models.base import ExportContract
+from libreyolo.models.dense import DenseDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.yolo9.network import SIZES, YOLOv9
-from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
-from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess
-
-_DEVICE_POSTPROCESS = DetectPostprocess("predictions")
+from libreyolo.ops.letterbox import Letterbox
 
 
 @register_family
-class Yolo9(Family):
+class Yolo9(DenseDetectFamily):
     name = "yolo9"
-    task = "detect"
     sizes = tuple(SIZES)
     default_size = "t"
     default_imgsz = 640
@@ -49,16 +44,6 @@ class Yolo9(Family):
 
     def letterbox(self, imgsz: int) -> Letterbox:
         return Letterbox(imgsz, pad_value=114.0, placement="topleft")
-
-    def device_postprocess(self) -> DetectPostprocess:
-        return _DEVICE_POSTPROCESS
-
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
-                    **kw: Any) -> list[dict]:
-        o = self.task_options(opts, kw)
-        extra = {} if o.max_nms is None else {"max_nms": o.max_nms}
-        return detect_postprocess(outputs["predictions"], metas, conf=o.conf, iou=o.iou, max_det=o.max_det,
-                                  classes=o.classes, **extra)
 
     def filename(self, size: str) -> str:
         return f"LibreYOLO9{size}"

@@ -8,26 +8,22 @@ score = objectness x class probability), then the shared detection postprocessin
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract, Family, OutputGroup
+from libreyolo.models.base import ExportContract, OutputGroup
+from libreyolo.models.dense import DenseDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.yolox.network import SIZES, YOLOX, decode
-from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
-from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess
+from libreyolo.ops.letterbox import Letterbox
 
-_DEVICE_POSTPROCESS = DetectPostprocess("predictions")
 # the input size the reference trains and predicts at when a checkpoint does not say
 _DEFAULT_IMGSZ = {"n": 416, "t": 416, "s": 640, "m": 640, "l": 640, "x": 640}
 
 
 @register_family
-class Yolox(Family):
+class Yolox(DenseDetectFamily):
     name = "yolox"
-    task = "detect"
     sizes = tuple(SIZES)
     default_size = "s"
     default_imgsz = 640
@@ -78,16 +74,6 @@ class Yolox(Family):
     def letterbox(self, imgsz: int) -> Letterbox:
         return Letterbox(imgsz, pad_value=114.0, placement="topleft", resize="pil-bilinear", size_rounding="floor",
                          channels="BGR", divisor=1.0)
-
-    def device_postprocess(self) -> DetectPostprocess:
-        return _DEVICE_POSTPROCESS
-
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
-                    **kw: Any) -> list[dict]:
-        o = self.task_options(opts, kw)
-        extra = {} if o.max_nms is None else {"max_nms": o.max_nms}
-        return detect_postprocess(outputs["predictions"], metas, conf=o.conf, iou=o.iou, max_det=o.max_det,
-                                  classes=o.classes, **extra)
 
     def filename(self, size: str) -> str:
         return f"LibreYOLOX{size}"
