@@ -47,6 +47,10 @@ class Predictor:
     def device(self) -> torch.device:
         raise NotImplementedError
 
+    def _preprocessor(self, imgsz: int) -> Any:
+        """The family's preprocessing at ``imgsz`` (an artifact of static shape may need its fixed variant)."""
+        return self.family.letterbox(imgsz)
+
     def _input_dtype(self, half: bool) -> torch.dtype:
         return torch.float16 if half else torch.float32
 
@@ -209,7 +213,7 @@ class Predictor:
         device = self.device if device is None else device
         clock = StageClock(device, t0)
         tensors = [img.to_device(device) for img in chunk]
-        batch, metas = self.family.letterbox(imgsz)(tensors, dtype=self._input_dtype(half))
+        batch, metas = self._preprocessor(imgsz)(tensors, dtype=self._input_dtype(half))
         clock.mark()  # preprocessing enqueued
         preds = self._infer(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
         speed = clock.speed(len(chunk))

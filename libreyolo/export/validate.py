@@ -63,7 +63,11 @@ def sample_batch(family: Any, imgsz: int) -> tuple[torch.Tensor, list[LetterboxM
     from libreyolo.assets import SAMPLE_IMAGE
     from libreyolo.data.sources import load_sources
 
-    return family.letterbox(imgsz)([load_sources(SAMPLE_IMAGE)[0].data])
+    pre = family.letterbox(imgsz)
+    image = load_sources(SAMPLE_IMAGE)[0].data
+    if hasattr(pre, "export_sample"):  # a preprocessor that keeps an image's own size takes its imgsz crop
+        image = pre.export_sample(image)
+    return pre([image])
 
 
 def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], names: tuple[str, ...],
@@ -432,7 +436,13 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     from libreyolo.assets import SAMPLE_IMAGE
 
     if art_sample is not None:
-        r = runtime.predict(SAMPLE_IMAGE, imgsz=opts.imgsz, **vopts)
+        pre = runtime.family.letterbox(opts.imgsz)
+        source = SAMPLE_IMAGE
+        if hasattr(pre, "export_sample"):  # the crop the sample probe was (see sample_batch)
+            from libreyolo.data.sources import load_sources
+
+            source = pre.export_sample(load_sources(SAMPLE_IMAGE)[0].data).contiguous()
+        r = runtime.predict(source, imgsz=opts.imgsz, **vopts)
         got = decoded_predictions(family.task, r)
         m = match_decoded(art_sample, got, score_tol=score_tol, **match_kw)
         report.decoded.append({"probe": "predict(sample) vs artifact decode", **m})

@@ -29,9 +29,10 @@ RESTORE_EXPORT = ExportContract(
     input_name="images",
     image_input=True,  # the 8-bit image / 255: the network subtracts its mean inside
     output_names=("image",),
-    output_axes={"image": {0: "batch"}},
+    # ONNX takes any height and width that are multiples of the window (predict pads to them)
+    output_axes={"image": {0: "batch", 2: "out_height", 3: "out_width"}},
     dynamic_batch=True,
-    dynamic_spatial=False,
+    dynamic_spatial=True,
     groups=(OutputGroup("image", "image", axis=1),),
     class_axes={},
 )

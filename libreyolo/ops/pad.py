@@ -52,6 +52,14 @@ class PadToMultiple:
 
     multiple: int
     size: int = 64
+    # set by :meth:`fixed`: pad every image to exactly size x size (an artifact of static shape);
+    # the text says why when an image is larger
+    fixed_reason: str | None = None
+
+    def fixed(self, reason: str) -> PadToMultiple:
+        """This preprocessing for an input of exactly ``size`` x ``size`` (a static-shape artifact):
+        images are padded to it; a larger image is an :class:`ArgumentError` starting with ``reason``."""
+        return PadToMultiple(self.multiple, self.size, fixed_reason=reason)
 
     @property
     def neutral_input(self) -> float:
@@ -64,11 +72,27 @@ class PadToMultiple:
     def normalization(self) -> dict[str, Any]:
         return {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]}
 
+    def export_sample(self, image: torch.Tensor) -> torch.Tensor:
+        """The part of a CHW image an export is validated on: its central ``size`` x ``size`` crop
+        (the artifact's example input side; a smaller image is used whole)."""
+        h, w = int(image.shape[-2]), int(image.shape[-1])
+        top, left = max(0, (h - self.size) // 2), max(0, (w - self.size) // 2)
+        return image[..., top:top + self.size, left:left + self.size]
+
     def __call__(self, images: list[torch.Tensor], dtype: torch.dtype = torch.float32,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[PadMeta]]:
         """``images``: CHW RGB tensors (uint8 0..255 or float 0..1) on the target device."""
         h = round_up(max(int(im.shape[-2]) for im in images), self.multiple)
         w = round_up(max(int(im.shape[-1]) for im in images), self.multiple)
+        if self.fixed_reason is not None:
+            if h > self.size or w > self.size:
+                from libreyolo.errors import ArgumentError
+
+                big = max(images, key=lambda im: int(im.shape[-2]) * int(im.shape[-1]))
+                raise ArgumentError(f"{self.fixed_reason}; got a {int(big.shape[-2])}x{int(big.shape[-1])} image: "
+                                    f"export with imgsz of at least {max(h, w)} or as ONNX with dynamic=True "
+                                    "(any size)")
+            h = w = self.size
         if out is None:
             out = torch.empty((len(images), 3, h, w), device=images[0].device, dtype=dtype)
         elif tuple(out.shape[-2:]) != (h, w):

@@ -95,6 +95,13 @@ class ArtifactPredictor(Predictor):
     def task(self) -> str:
         return self.metadata["task"]
 
+    def _preprocessor(self, imgsz: int) -> Any:
+        pre = self.family.letterbox(imgsz)
+        if not self.dynamic_spatial and hasattr(pre, "fixed"):
+            # a preprocessor that keeps an image's own size pads it to the artifact's one input side
+            pre = pre.fixed(f"this {self.format} model takes {self.imgsz}x{self.imgsz} inputs (static shape)")
+        return pre
+
     def _input_dtype(self, half: bool) -> torch.dtype:
         return self.dtype
 

@@ -81,6 +81,11 @@ def pad_to_window(x: torch.Tensor, window: int = WINDOW) -> torch.Tensor:
     return reflect_pad_to(x, round_up(int(x.shape[-2]), window), round_up(int(x.shape[-1]), window))
 
 
+def _tracing(like: torch.Tensor) -> bool:
+    """Whether sizes are being traced or exported (jit tracer, dynamo, fake tensors): no cached masks then."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or type(like) is not torch.Tensor
+
+
 class SwinIRAttention(WindowAttention):
     """Swin's window attention (:class:`libreyolo.models.swin.network.WindowAttention`), with the
     relative position index kept in the state dict, as SwinIR checkpoints hold it."""
@@ -109,6 +114,8 @@ class SwinIRBlock(nn.Module):
     def _mask(self, h: int, w: int, like: torch.Tensor) -> torch.Tensor | None:
         if not self.shift:
             return None
+        if _tracing(like):  # traced sizes (ONNX with dynamic height/width): the mask is part of the graph
+            return shifted_window_mask(h, w, WINDOW, self.shift, like.device).to(like.dtype)
         if (h, w) == (BUILD_SIZE, BUILD_SIZE):
             return self.attn_mask
         key = (h, w, like.device, like.dtype)
@@ -198,7 +205,7 @@ class SwinIR(nn.Module):
         self.apply(_init_weights)
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
-        hw = (int(x.shape[2]), int(x.shape[3]))
+        hw = (x.shape[2], x.shape[3])  # ints in eager; traced sizes under the ONNX tracer (dynamic H/W)
         t = self.patch_embed(x)
         for layer in self.layers:
             t = layer(t, hw)
@@ -218,7 +225,10 @@ class SwinIR(nn.Module):
             x = self.lrelu(self.conv_up1(F.interpolate(x, scale_factor=2, mode="nearest")))
             x = self.lrelu(self.conv_up2(F.interpolate(x, scale_factor=2, mode="nearest")))
             x = self.conv_last(self.lrelu(self.conv_hr(x)))
-        return (x + mean)[:, :, :h * self.scale, :w * self.scale]
+        x = x + mean
+        if x.shape[-2] != h * self.scale or x.shape[-1] != w * self.scale:  # padded to the window: crop
+            x = x[:, :, :h * self.scale, :w * self.scale]
+        return x  # (a no-op crop would be a copy in ExecuTorch, where XNNPACK's output is channels-last)
 
 
 def _init_weights(m: nn.Module) -> None:
