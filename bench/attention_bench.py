@@ -1,32 +1,68 @@
-"""Fused (SDPA) against manual (matmul-softmax-matmul) attention for ViT, fp32 and fp16 autocast.
+"""Fused (SDPA) against manual (matmul-softmax-matmul) attention: ViT/Swin modules, and every attention family.
 
     python bench/attention_bench.py                 # CUDA when available, else CPU
     python bench/attention_bench.py --device cuda --sizes ti,s,b --batch 1,32
+    python bench/attention_bench.py --families vit,deit,swin,segformer,swinir \
+        --out bench/results/<date>-attention-families-h200.json          # the per-family run (H200: < 4 min)
+    python bench/attention_bench.py --families vit,deit,swin,segformer,swinir --device cpu --quick --out /tmp/a.json
 
-Times (1) one ViT attention module alone and (2) the whole ViT forward, with the modules'
-``fused_attn`` flag on and off, using CUDA events (device time) on a GPU. Also records whether
-fused equals manual bit for bit and the max abs difference, per precision. Prints a table and
-writes JSON to bench/results/<date>-attention-<device>.json.
-
+Without ``--families``: times (1) one ViT attention module alone and (2) the whole ViT forward, with
+the modules' ``fused_attn`` flag on and off, using CUDA events (device time) on a GPU, fp32 and fp16
+autocast. Also records whether fused equals manual bit for bit and the max abs difference, per
+precision. Prints a table and writes JSON to bench/results/<date>-attention-<device>.json.
 Swin rows (``--swin-sizes t,s,b``, key ``swin_rows``): the window attention of stage 1's shifted
 block (its relative position bias plus the shift mask reach SDPA as one additive mask) and the
 whole Swin forward, fused against manual, same precisions and batches.
+
+With ``--families`` (key ``family_rows``; the other rows are skipped): per family, its smallest
+size with the seeded weights of ``tests/attention_rule.py`` at its typical input (224 for the
+classifiers, 512 for SegFormer, 256 for SwinIR; ``--quick``: tiny inputs, batch 1, few calls),
+in fp32 and fp16 (a float16 copy of the network, as ``predict(half=True)`` runs): the max abs
+difference fused against manual of the network output on four input distributions (uniform,
+clipped normal, ramp, large magnitude; per distribution and overall) and of the worst attention
+module alone, whether that is byte-exact, the family's default and the rule's verdict
+(docs/kernels.md: fused by default only if byte-exact, ViT/DeiT excepted), and the eager
+latency manual against fused at each ``--batch`` (default 1,8 here).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from libreyolo import set_fused_attention
-from libreyolo.models.swin.network import SwinTransformer, shifted_window_mask, window_partition
-from libreyolo.models.vit.network import VIT_SIZES, VisionTransformer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the seeded families of tests/attention_rule.py
+
+from libreyolo import set_fused_attention  # noqa: E402
+from libreyolo.models.swin.network import SwinTransformer, shifted_window_mask, window_partition  # noqa: E402
+from libreyolo.models.vit.network import VIT_SIZES, VisionTransformer  # noqa: E402
+from tests.attention_rule import (  # noqa: E402
+    compare_paths,
+    default_fused,
+    max_abs_diff,
+    probe_batch,
+    rule_violation,
+    seeded_net,
+    tensors,
+)
+
+# family -> (smallest size, typical input, --quick input); classifiers take 224 only
+FAMILY_CASES = {
+    "vit": ("ti", 224, 224),
+    "deit": ("t", 224, 224),
+    "swin": ("t", 224, 224),
+    "segformer": ("b0", 512, 64),
+    "swinir": ("s", 256, 32),
+    "rtdetr": ("r18", 640, 96),
+    "dfine": ("n", 640, 96),
+}
 
 
 def _time(fn, device: torch.device, n: int, warmup: int = 10) -> float:
@@ -117,22 +153,99 @@ def run_swin(device: torch.device, sizes: list[str], batches: list[int], n: int)
     return rows
 
 
+def run_families(device: torch.device, names: list[str], batches: list[int], n: int, quick: bool) -> list[dict]:
+    """Per family and precision: fused-vs-manual differences on the probe batch, rule verdict, latency."""
+    rows = []
+    precisions = {"fp32": torch.float32, **({"fp16": torch.float16} if device.type == "cuda" else {})}
+    for name in names:
+        if name not in FAMILY_CASES:
+            raise SystemExit(f"unknown attention family {name!r}; one of {', '.join(FAMILY_CASES)}")
+        size, typical, tiny = FAMILY_CASES[name]
+        imgsz = tiny if quick else typical
+        master = seeded_net(name, size, calibration=torch.cat(list(probe_batch(imgsz, large=False).values())))
+        default = default_fused(master)
+        for prec, dtype in precisions.items():
+            probes = probe_batch(imgsz, large=dtype == torch.float32)  # x100 inputs overflow fp16 (DETR)
+            net = copy.deepcopy(master).to(device, dtype)
+            cmp = compare_paths(net, torch.cat(list(probes.values())).to(device, dtype))
+            per_input = {k: max_abs_diff(_sample(cmp.manual, i), _sample(cmp.fused, i)) for i, k in enumerate(probes)}
+            violation = rule_violation(name, cmp.output_diff, default)
+            for batch in batches:
+                g = torch.Generator().manual_seed(batch)
+                x = torch.rand(batch, 3, imgsz, imgsz, generator=g).to(device, dtype)
+                row = {"family": name, "size": size, "imgsz": imgsz, "batch": batch, "precision": prec,
+                       "attention_modules": len(cmp.module_diffs), "default_fused": default,
+                       "byte_exact": cmp.byte_exact, "max_abs_diff": cmp.output_diff,
+                       "max_abs_diff_per_input": per_input, "worst_module_max_abs_diff": cmp.worst_module_diff,
+                       "output_magnitude": max(float(t.float().abs().max()) for t in tensors(cmp.manual)),
+                       "rule": "ok" if violation is None else "VIOLATED", "rule_violation": violation}
+                with torch.inference_mode():
+                    for fused in (False, True):
+                        set_fused_attention(net, fused)
+                        row[f"{'fused' if fused else 'manual'}_ms"] = _time(lambda f=net, t=x: f(t), device, n,
+                                                                           warmup=min(10, n))
+                set_fused_attention(net, default)
+                row["speedup"] = row["manual_ms"] / row["fused_ms"]
+                rows.append(row)
+            del net
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _sample(out, i: int):
+    """Sample ``i`` of a batched output (every tensor's first dimension)."""
+    return [t[i] for t in tensors(out)]
+
+
+def print_family_rows(rows: list[dict]) -> None:
+    print(f"{'family':<10}{'size':<5}{'px':>5}{'batch':>6} {'prec':<5}{'default':>8}{'exact':>7}{'max diff':>10}"
+          f"{'module':>10}{'rule':>6}{'manual ms':>11}{'fused ms':>10}{'x':>6}")
+    for r in rows:
+        print(f"{r['family']:<10}{r['size']:<5}{r['imgsz']:>5}{r['batch']:>6} {r['precision']:<5}"
+              f"{'fused' if r['default_fused'] else 'manual':>8}{str(r['byte_exact']):>7}{r['max_abs_diff']:>10.3g}"
+              f"{r['worst_module_max_abs_diff']:>10.3g}{r['rule']:>6}{r['manual_ms']:>11.3f}{r['fused_ms']:>10.3f}"
+              f"{r['speedup']:>6.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sizes", default="ti,s,b")
-    ap.add_argument("--batch", default="1,8,32")
-    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--batch", default=None, help="batch sizes (default 1,8,32; with --families 1,8; --quick 1)")
+    ap.add_argument("--n", type=int, default=None, help="timed calls per figure (default 50; --families 30; --quick 3)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--swin-sizes", default="t,s,b", help="swin sizes for the window-attention rows ('' to skip)")
+    ap.add_argument("--families", default="", help="per-family rows instead, e.g. vit,deit,swin,segformer,swinir "
+                    f"(known: {','.join(FAMILY_CASES)})")
+    ap.add_argument("--quick", action="store_true", help="tiny inputs, batch 1, 3 calls: a smoke check (CPU)")
     args = ap.parse_args()
     device = torch.device(args.device)
-    rows = run(device, args.sizes.split(","), [int(b) for b in args.batch.split(",")], args.n)
-    swin_rows = run_swin(device, [s for s in args.swin_sizes.split(",") if s],
-                         [int(b) for b in args.batch.split(",")], args.n)
-    head = f"{'size':<5}{'batch':>6} {'precision':<14}{'attn fused':>11}{'manual':>9}{'x':>6}{'exact':>7}" \
-           f"{'fwd fused':>11}{'manual':>9}{'x':>6}{'exact':>7}  max diff fwd"
-    print(head)
+    batches = [int(b) for b in (args.batch or ("1" if args.quick else "1,8" if args.families else "1,8,32")).split(",")]
+    n = args.n or (3 if args.quick else 30 if args.families else 50)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+              "torch": torch.__version__, "cuda": torch.version.cuda,
+              "command": " ".join(["python", "bench/attention_bench.py", *sys.argv[1:]]),
+              "date": datetime.date.today().isoformat()}
+    if args.families:
+        result["family_rows"] = run_families(device, args.families.split(","), batches, n, args.quick)
+        print_family_rows(result["family_rows"])
+        kind = "attention-families"
+    else:
+        result["rows"] = run(device, args.sizes.split(","), batches, n)
+        result["swin_rows"] = run_swin(device, [s for s in args.swin_sizes.split(",") if s], batches, n)
+        print_module_rows(result["rows"], result["swin_rows"])
+        kind = "attention"
+    out = Path(args.out) if args.out else (Path(__file__).parent / "results"
+                                           / f"{result['date']}-{kind}-{device.type}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+
+
+def print_module_rows(rows: list[dict], swin_rows: list[dict]) -> None:
+    print(f"{'size':<5}{'batch':>6} {'precision':<14}{'attn fused':>11}{'manual':>9}{'x':>6}{'exact':>7}"
+          f"{'fwd fused':>11}{'manual':>9}{'x':>6}{'exact':>7}  max diff fwd")
     for r in rows:
         print(f"{r['size']:<5}{r['batch']:>6} {r['precision']:<14}{r['attention_fused_ms']:>11.3f}"
               f"{r['attention_manual_ms']:>9.3f}{r['attention_speedup']:>6.2f}{str(r['attention_byte_exact']):>7}"
@@ -146,16 +259,6 @@ def main() -> None:
               f"{r['window_attention_manual_ms']:>9.3f}{r['window_attention_speedup']:>6.2f}"
               f"{str(r['window_attention_byte_exact']):>7}{r['forward_fused_ms']:>11.3f}{r['forward_manual_ms']:>9.3f}"
               f"{r['forward_speedup']:>6.2f}{str(r['forward_byte_exact']):>7}  {r['forward_max_abs_diff']:.3g}")
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    result = {"device": name, "torch": torch.__version__, "command": "python bench/attention_bench.py "
-              + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v is not None), "rows": rows,
-              "swin_rows": swin_rows,
-              "date": datetime.date.today().isoformat()}
-    out = Path(args.out) if args.out else (Path(__file__).parent / "results"
-                                           / f"{result['date']}-attention-{device.type}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
