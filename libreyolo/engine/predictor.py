@@ -74,7 +74,7 @@ class Predictor:
         Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
         run both stages as one CUDA graph (:meth:`libreyolo.engine.model.Model._infer`).
         """
-        outputs = self._forward(batch, cuda_graph=cuda_graph)
+        outputs = self.family.run_network(lambda x: self._forward(x, cuda_graph=cuda_graph), batch, opts)
         clock.mark()
         return self.family.postprocess(outputs, metas, opts)
 
