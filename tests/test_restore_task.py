@@ -138,6 +138,27 @@ def test_ssim_equals_the_formula_on_a_constant_pair():
     assert ssim(a, b) == pytest.approx((2 * 100 * 120 + c1) / (100**2 + 120**2 + c1), abs=1e-12)
 
 
+def test_ssim_equals_the_opencv_formulation_super_resolution_papers_use():
+    """BasicSR's SSIM (SwinIR's evaluation): cv2.filter2D with the 11 x 11 sigma 1.5 Gaussian, valid part."""
+    cv2 = pytest.importorskip("cv2")
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (40, 50)).astype(np.float64)
+    b = np.clip(a + rng.normal(0, 20, a.shape), 0, 255)
+    k = cv2.getGaussianKernel(11, 1.5)
+    win = k @ k.T
+
+    def blur(z):
+        return cv2.filter2D(z, -1, win)[5:-5, 5:-5]
+
+    ma, mb = blur(a), blur(b)
+    va, vb, cov = blur(a * a) - ma**2, blur(b * b) - mb**2, blur(a * b) - ma * mb
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    want = (((2 * ma * mb + c1) * (2 * cov + c2)) / ((ma**2 + mb**2 + c1) * (va + vb + c2))).mean()
+    assert ssim(torch.from_numpy(a)[None], torch.from_numpy(b)[None]) == pytest.approx(float(want), abs=1e-12)
+
+
 def test_metrics_crop_the_border_before_measuring():
     a = torch.full((24, 24, 3), 90, dtype=torch.uint8)
     b = a.clone()
