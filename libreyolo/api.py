@@ -42,6 +42,18 @@ def _from_yaml(path: Path, nc: Any, names: Any, device: Any):
         family, size = found
     if not isinstance(size, str) or size not in family.sizes:
         raise CheckpointError(f"{path}: unknown {family.name} size {size!r}; known: {', '.join(family.sizes)}")
+    imgsz = spec.get("imgsz")
+    imgsz = family.default_imgsz_for(size) if imgsz is None else check_imgsz(imgsz, family.stride, str(path),
+                                                                            CheckpointError)
+    from libreyolo.tasks import get_task
+
+    task = get_task(family.task)
+    if not task.has_classes:  # e.g. restoration: the fixed names of the task, as its checkpoints carry
+        fixed_nc, fixed = task.class_defaults(nc, names)
+        if spec.get("nc", fixed_nc) != fixed_nc or spec.get("names", fixed) not in (fixed, list(fixed.values())):
+            raise CheckpointError(f"{path}: nc/names do not apply to {task.name} models (they carry "
+                                  f"nc={fixed_nc}, names={fixed}); remove them from the file")
+        return Model(family, size, nc=fixed_nc, names=fixed, imgsz=imgsz, device=device)
     # call arguments override the file; each is checked as coming from where it came from
     nc_where, nc_err = ("LibreYOLO()", ArgumentError) if nc is not None else (str(path), CheckpointError)
     names_where, names_err = ("LibreYOLO()", ArgumentError) if names is not None else (str(path), CheckpointError)
@@ -54,9 +66,6 @@ def _from_yaml(path: Path, nc: Any, names: Any, device: Any):
     else:
         nc = 80
     names = default_names(nc) if names is None else check_names(names, nc, names_where, names_err)
-    imgsz = spec.get("imgsz")
-    imgsz = family.default_imgsz_for(size) if imgsz is None else check_imgsz(imgsz, family.stride, str(path),
-                                                                            CheckpointError)
     return Model(family, size, nc=nc, names=names, imgsz=imgsz, device=device)
 
 

@@ -151,6 +151,10 @@ def _check_meta(meta: dict[str, Any], state: dict[str, Any], path: Path, by_name
         raise CheckpointError(f"{where}: 'task' is {task!r}, but family {family.name} is a {family.task!r} model; "
                               "the file's metadata is inconsistent")
     nc, names = meta.get("nc"), meta.get("names")
+    if nc is None and names is None:
+        from libreyolo.tasks import get_task
+
+        nc, names = get_task(family.task).class_defaults(None, None)  # a task without classes: its fixed names
     head_nc = family.state_nc(state)
     if nc is not None:
         nc = check_nc(nc, where, CheckpointError)

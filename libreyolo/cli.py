@@ -233,7 +233,8 @@ def cmd_val(args: dict[str, Any]) -> int:
     from libreyolo import LibreYOLO
 
     if not args["model"] or not args["data"]:
-        raise UsageError("val needs model=<checkpoint or artifact> and data=<dataset YAML or image-folder root>")
+        raise UsageError("val needs model=<checkpoint or artifact> and data=<dataset YAML, image-folder root, "
+                         "or a folder of high-resolution images (restore)>")
     model = LibreYOLO(args.pop("model"), device=args["device"])
     print(json.dumps(model.val(**args), indent=1))
     return 0
@@ -271,7 +272,7 @@ COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]]
     "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "One row per format: size, validation, error, metric, speed."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
-    "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, or top-1/top-5)."),
+    "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM)."),
     "compare": (cmd_compare, COMPARE_OPTS, "Re-validate an artifact against a checkpoint (exit 0: match)."),
 }
 

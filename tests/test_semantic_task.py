@@ -31,7 +31,7 @@ def test_every_task_is_a_plugin_with_its_own_payload_and_options():
     assert set(get_task("detect").options) == {"conf", "iou", "max_det", "max_nms", "classes"}
     assert get_task("classify").options == {}
     assert set(get_task("semantic").options) == {"classes"}
-    assert get_task("restore").options == {} and not get_task("restore").has_classes
+    assert set(get_task("restore").options) == {"tile", "tile_pad"} and not get_task("restore").has_classes
     with pytest.raises(TypeError, match="unknown payload"):
         Results(names={}, orig_shape=(2, 2), masks=None)
 

@@ -78,13 +78,14 @@ class Predictor:
         Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
         run both stages as one CUDA graph (:meth:`libreyolo.engine.model.Model._infer`).
         """
-        outputs = self._forward(batch, cuda_graph=cuda_graph)
+        outputs = self.family.run_network(lambda x: self._forward(x, cuda_graph=cuda_graph), batch, opts)
         clock.mark()
         return self.family.postprocess(outputs, metas, opts)
 
     def val(self, **kwargs: Any) -> dict[str, float]:
         """Metrics on a dataset's val split, the task's (:mod:`libreyolo.tasks`): mAP50-95, mAP50,
-        precision, recall (detect), top-1 and top-5 (classify), mIoU and pixel accuracy (semantic).
+        precision, recall (detect), top-1 and top-5 (classify), mIoU and pixel accuracy (semantic),
+        PSNR and SSIM on Y and RGB (restore, on a folder of high-resolution images).
         The same code for the eager model and every artifact runtime, which
         supply only the forward: ``model.val(data="data.yaml", imgsz=640, batch=16, conf=0.001,
         iou=0.7)`` (options: :func:`libreyolo.train.val.val`)."""
@@ -134,9 +135,10 @@ class Predictor:
         ``color_format="rgb"``), tensor (CHW/NCHW RGB, float in [0, 1] or uint8), or a list.
 
         ``options`` are the task's own (:mod:`libreyolo.tasks`): detect ``conf``, ``iou``,
-        ``max_det``, ``classes``, ``max_nms``; semantic ``classes``; classify none. An option of
-        another task is checked and ignored (one command line serves every model); an unknown
-        one is an error.
+        ``max_det``, ``classes``, ``max_nms``; semantic ``classes``; restore ``tile``, ``tile_pad``
+        (tiled inference, :meth:`libreyolo.models.restore.RestoreFamily.run_network`); classify
+        none. An option of another task is checked and ignored (one command line serves every
+        model; restore refuses them); an unknown one is an error.
 
         Images are decoded and run ``batch`` at a time (default :attr:`default_batch`), so memory
         stays bounded whatever the number of inputs. ``stream=True`` returns a generator of

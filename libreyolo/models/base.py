@@ -184,6 +184,13 @@ class Family:
         direct callers may give the task's options as keywords instead (:meth:`task_options`)."""
         raise NotImplementedError(f"family {self.name!r} does not define postprocess()")
 
+    def run_network(self, forward: Any, batch: torch.Tensor, opts: Any = None) -> dict[str, torch.Tensor]:
+        """The named outputs of ``forward`` (a batch tensor in, named outputs out: the eager copy, a
+        graph replay or an artifact's runtime) for one preprocessed ``batch``, under the call's task
+        options. Default: one call. A family whose options change how the network is run (restore:
+        tiling) overrides this; predict() on every backend comes through here."""
+        return forward(batch)
+
     def task_options(self, opts: Any = None, kw: dict[str, Any] | None = None) -> Any:
         """``opts`` as given, or the task's options from keywords (checked, defaults filled in)."""
         if opts is not None and not kw:

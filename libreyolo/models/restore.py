@@ -9,6 +9,10 @@ clamped. Everything else is shared:
   bottom and right to a multiple of :attr:`RestoreFamily.stride` (the window), a mixed-size batch
   to its largest image; ``imgsz`` is not used by predict (an image is restored at its own size),
   only as the fixed input side of an export;
+- tiling (predict options ``tile``, ``tile_pad``): :meth:`RestoreFamily.run_network` runs the
+  network tile by tile on the padded batch, each tile with ``tile_pad`` pixels of context on each
+  side (clipped at the image border), and pastes each output tile's core at ``scale`` times its
+  place; no blending;
 - postprocessing: :meth:`RestoreFamily.postprocess` crops each output to ``scale`` times its
   image's size, clamps to [0, 1] and rounds to 8 bit -> ``{"image": (scale*h, scale*w, 3) uint8}``;
 - export: one output ``image`` (B, 3, scale*S, scale*S), judged as pixels in [0, 1]; decoded
@@ -59,8 +63,44 @@ class RestoreFamily(Family):
     def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
         return (outputs["image"] if isinstance(outputs, dict) else outputs,)
 
+    def run_network(self, forward: Any, batch: torch.Tensor, opts: Any = None) -> dict[str, torch.Tensor]:
+        """The restored batch, whole or tile by tile (``opts.tile``; None: one forward).
+
+        Tiles are ``tile`` x ``tile`` squares of the padded batch from its top left (the last row
+        and column of tiles smaller). Each tile is run with ``tile_pad`` pixels of the image around
+        it on each side (fewer at the image border, where there is no more image) and only its core,
+        ``scale`` times the tile, is kept: each tile's core comes from a forward of the tile plus
+        ``tile_pad`` context, with no blending across seams. ``tile`` is a multiple of the window and
+        so is ``tile_pad`` by default (32), so every tile's windows coincide with the whole image's;
+        a pixel then differs from the untiled output only through context beyond ``tile_pad``
+        (tests/test_restore_tiling.py measures how much). Each tile goes through the same
+        ``forward`` as a whole image (eager, or an artifact's runtime).
+        """
+        tile = opts.get("tile") if opts is not None else None
+        if not tile:
+            return forward(batch)
+        if tile % self.stride:
+            from libreyolo.errors import ArgumentError
+
+            raise ArgumentError(f"tile must be a multiple of {self.name}'s window {self.stride}, got {tile}")
+        pad, s = int(opts.get("tile_pad") or 0), self.scale
+        h, w = int(batch.shape[-2]), int(batch.shape[-1])
+        canvas = None
+        for y0 in range(0, h, tile):
+            y1, ya = min(y0 + tile, h), max(y0 - pad, 0)
+            yb = min(y1 + pad, h)
+            for x0 in range(0, w, tile):
+                x1, xa = min(x0 + tile, w), max(x0 - pad, 0)
+                xb = min(x1 + pad, w)
+                out = self.export_outputs(forward(batch[:, :, ya:yb, xa:xb]))[0]
+                if canvas is None:
+                    canvas = out.new_empty((out.shape[0], out.shape[1], h * s, w * s))
+                core = out[:, :, (y0 - ya) * s:(y1 - ya) * s, (x0 - xa) * s:(x1 - xa) * s]
+                canvas[:, :, y0 * s:y1 * s, x0 * s:x1 * s] = core
+        return {self.export.output_names[0]: canvas}
+
     def postprocess(self, outputs: Any, metas: list[PadMeta], opts: Any = None, **kw: Any) -> list[dict]:
-        self.task_options(opts, kw)  # restoration takes no options: any given is refused there
+        self.task_options(opts, kw)  # checks keyword options (another task's, such as conf, are refused)
         image = self.export_outputs(outputs)[0]
         out = []
         for i, meta in enumerate(metas):

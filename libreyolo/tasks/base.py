@@ -15,7 +15,8 @@ A :class:`Task` subclass in ``libreyolo/tasks/<task>.py`` declares, once:
   (:meth:`Task.load_data`, :meth:`Task.train_dataset`, :meth:`Task.val_dataset`,
   :meth:`Task.metrics`, :meth:`Task.score_batch`, :attr:`Task.metric`), and its synthetic
   data for tests (:meth:`Task.synthetic_dataset`);
-- whether ``nc``/``names`` apply (:attr:`Task.has_classes`).
+- whether ``nc``/``names`` apply (:attr:`Task.has_classes`; else the fixed :attr:`Task.fixed_names`
+  every model of the task carries), and whether it can be trained (:attr:`Task.training_unavailable`).
 
 The predictor, the graphs, export, the runtimes, the trainer and the CLI call the task of the
 model's family (``family.task`` names it; :func:`libreyolo.tasks.get_task` returns it); none of
@@ -86,6 +87,11 @@ class Task:
     payload: ClassVar[str]
     # class names and a class count apply to this task's models (False: e.g. image restoration)
     has_classes: ClassVar[bool] = True
+    # the names (and so nc) every model of a task without classes carries, e.g. {0: "image"}
+    fixed_names: ClassVar[dict[int, str]] = {}
+    # why models of this task cannot be trained, in one sentence; None: they can (where the family
+    # declares a loss). train() and ``libreyolo train`` stop with it before reading any argument
+    training_unavailable: ClassVar[str | None] = None
     # predict options this task takes, declared once (predict(), the CLI and val read this table)
     options: ClassVar[dict[str, Opt]] = {}
     # val options beyond data/imgsz/batch/workers/device, and their val defaults
@@ -145,6 +151,21 @@ class Task:
         return self.predict_options({})
 
     # --- training and val --------------------------------------------------------------------
+    def require_trainable(self) -> None:
+        """Raise :class:`ArgumentError` with :attr:`training_unavailable` if this task cannot be trained."""
+        if self.training_unavailable:
+            raise ArgumentError(self.training_unavailable)
+
+    def class_defaults(self, nc: int | None, names: Any) -> tuple[int | None, Any]:
+        """(nc, names) of a new model: the given ones, or :attr:`fixed_names` for a task without
+        classes (where giving nc or names is an error: they do not apply)."""
+        if self.has_classes:
+            return nc, names
+        if nc is not None or names is not None:
+            raise ArgumentError(f"nc/names do not apply to {self.name} models (they have no classes; every one "
+                                f"carries nc={len(self.fixed_names)}, names={self.fixed_names}); leave them out")
+        return len(self.fixed_names), dict(self.fixed_names)
+
     def check_data_arg(self, data: Any) -> None:
         if not isinstance(data, (str, bytes)) and not hasattr(data, "__fspath__"):
             raise ArgumentError(f"data must be {self.data_help}, got {data!r}")

@@ -2,10 +2,15 @@
 
 Families: swinir (:class:`libreyolo.models.restore.RestoreFamily`). Their postprocess returns
 ``{"image": (scale*h, scale*w, 3) uint8}`` per image, RGB. Decoded outputs are compared pixel by
-pixel, at most one grey level apart (:func:`libreyolo.export.match_images.match_images`). The task
-has no classes and no predict options: an option given to predict() is an error, not ignored (a
-threshold such as ``conf`` would suggest a control that restoration does not have). Training and
-val (PSNR/SSIM) are not available yet.
+pixel, at most one grey level apart (:func:`libreyolo.export.match_images.match_images`).
+
+The task has no classes (a model carries ``nc`` 1, ``names`` ``{0: "image"}``, as the reference
+checkpoints do). Predict options: ``tile`` and ``tile_pad`` (tiled inference for large images,
+:meth:`libreyolo.models.restore.RestoreFamily.run_network`); an option of another task, such as
+``conf``, is an error, not ignored (a threshold would suggest a control restoration does not have).
+Val: PSNR and SSIM against high-resolution images degraded by bicubic downsampling
+(:mod:`libreyolo.train.restore_data`, :mod:`libreyolo.train.restore_metrics`). Training is not
+offered (:attr:`Restore.training_unavailable`).
 """
 from __future__ import annotations
 
@@ -17,8 +22,35 @@ import numpy as np
 import torch
 
 from libreyolo.errors import ArgumentError
+from libreyolo.options import Opt, _converter, _show
 from libreyolo.tasks import register_task
 from libreyolo.tasks.base import Task, TaskOptions
+from libreyolo.utils.checks import MAX_IMGSZ
+
+TILE_MULTIPLE = 8  # tile sides are multiples of the attention window of the restore families (SwinIR: 8)
+
+
+@_converter(f"None or 0 (no tiling), or a positive multiple of {TILE_MULTIPLE} up to {MAX_IMGSZ} (input pixels)")
+def as_tile(name: str, value: Any) -> int | None:
+    """The tile side: None for no tiling (0 means the same), else a positive multiple of the window."""
+    tile = Opt(int, 0, "", min=0, max=MAX_IMGSZ).check(name, value)
+    if tile == 0:
+        return None
+    if tile % TILE_MULTIPLE:
+        raise ArgumentError(f"{name} must be a multiple of {TILE_MULTIPLE} (the attention window), so that tiles "
+                            f"partition into the same windows as the whole image; got {_show(value)} "
+                            f"(e.g. {max(TILE_MULTIPLE, tile // TILE_MULTIPLE * TILE_MULTIPLE)})")
+    return tile
+
+
+RESTORE_OPTIONS: dict[str, Opt] = {
+    "tile": Opt(as_tile, None, "restore large images tile by tile: the tile side in input pixels, a multiple of 8 "
+                "(default: no tiling)"),
+    # 32, not the reference's 16: measured on swinir-s, a seam pixel then differs from the untiled
+    # output by at most ~1.2e-4 (0.03 grey levels) instead of ~0.05 (tests/test_restore_tiling.py)
+    "tile_pad": Opt(int, 32, "context around each tile, in input pixels (tiling only; a multiple of 8 keeps the "
+                    "windows aligned)", min=0, max=MAX_IMGSZ, unit="pixels"),
+}
 
 
 class Restored:
@@ -96,20 +128,26 @@ class Restore(Task):
     name = "restore"
     payload = "restored"
     has_classes = False
-    options = {}
-    metric = ""
+    fixed_names = {0: "image"}
+    options = RESTORE_OPTIONS
+    metric = "PSNR_Y"
     decoded_match = "libreyolo.export.match_images:match_images"
-    data_help = "(restoration has no training or val data yet)"
+    data_help = ("a folder of high-resolution images (each is downsampled by the model's scale, bicubic, for the "
+                 "input and compared with the restored image)")
     what = "images"
+    training_unavailable = ("training is not offered for image restoration (super-resolution): these models need "
+                            "degradation and GAN training pipelines that LibreYOLO does not have; use a released "
+                            "checkpoint (e.g. LibreSwinIRs.pt) for predict, val and export")
 
     def predict_options(self, given: Mapping[str, Any]) -> TaskOptions:
-        """Restoration takes no predict options; any given (even one another task declares, such as
-        ``conf``) is an error, so that nobody believes it changed the output."""
-        if given:
-            raise ArgumentError(f"image restoration takes no predict options, got "
-                                f"{', '.join(sorted(map(repr, given)))}; remove them (an image is restored "
-                                "at its own size, with nothing to threshold or select)")
-        return TaskOptions({})
+        """``tile`` and ``tile_pad``, checked. Any other option, even one another task declares
+        (such as ``conf``), is an error, so that nobody believes it changed the output."""
+        foreign = sorted(k for k in given if k not in self.options)
+        if foreign:
+            raise ArgumentError(f"image restoration takes no predict options other than "
+                                f"{', '.join(self.options)}; got {', '.join(map(repr, foreign))}: remove them "
+                                "(an image is restored at its own size, with nothing to threshold or select)")
+        return super().predict_options(given)
 
     def check_options(self, opts: TaskOptions, *, nc: int) -> None:
         return None
@@ -119,3 +157,34 @@ class Restore(Task):
 
     def decoded(self, payload: Restored) -> dict[str, torch.Tensor]:
         return {"image": payload.data}
+
+    # --- val ---------------------------------------------------------------------------------
+    def load_data(self, data: Any) -> Any:
+        from libreyolo.train.restore_data import load_restore_folder
+
+        self.check_data_arg(data)
+        return load_restore_folder(data, self.fixed_names)
+
+    def val_dataset(self, model: Any, cfg: Any, imgsz: int) -> tuple[Any, Any]:
+        from libreyolo.train.restore_data import RestoreCollate, RestoreDataset
+
+        scale = model.family.scale
+        return RestoreDataset(cfg.val, scale, border=scale), RestoreCollate(model.family.letterbox(imgsz))
+
+    def metrics(self, model: Any) -> Any:
+        from libreyolo.train.restore_metrics import RestoreMetrics
+
+        return RestoreMetrics(border=model.family.scale)
+
+    def score_batch(self, model: Any, metrics: Any, named: dict[str, torch.Tensor], batch: Any,
+                    opts: TaskOptions) -> None:
+        from libreyolo.ops.pad import PadMeta
+
+        metas = [PadMeta(tuple(info["orig_shape"])) for info in batch[2]]
+        preds = model.family.postprocess(named, metas, opts)
+        metrics.update([p["image"].cpu() for p in preds], batch[1])
+
+    def synthetic_dataset(self, root: str | Path, **kw: Any) -> Path:
+        from libreyolo.train.shapes import make_restore_dataset
+
+        return make_restore_dataset(root, **kw)

@@ -31,7 +31,8 @@ def evaluate(model: Any, forward: Forward, loader, *, device: torch.device, **op
     from libreyolo.tasks import get_task
 
     task = get_task(model.task)
-    opts = task.predict_options({k: v for k, v in options.items() if v is not None})
+    # val's options (conf, iou, max_det) are checked by val(); the task takes those it declares
+    opts = task.predict_options({k: v for k, v in options.items() if v is not None and k in task.options})
     metrics = task.metrics(model)
     scale = 255.0 * model.family.export.input_scale
     for batch in loader:

@@ -30,7 +30,8 @@ def _nonneg(default: float, help: str, hi: float, unit: str = "") -> Opt:  # noq
 
 
 VAL_OPTIONS: dict[str, Opt] = {
-    "data": Opt(str, None, "dataset YAML (detect) or image-folder root (classify)"),
+    "data": Opt(str, None, "dataset YAML (detect, semantic), image-folder root (classify) or a folder of "
+                "high-resolution images (restore)"),
     "imgsz": imgsz_opt("input size (a multiple of the model stride; default from the model)"),
     "batch": batch_opt(16, "images per batch"),
     "workers": Opt(int, 2, "DataLoader worker processes", min=0, max=MAX_WORKERS),

@@ -15,6 +15,9 @@ classes 1..nc-1 are filled shapes (rectangle, circle or triangle, whatever the c
 its own colour, so colour alone tells the classes apart; masks are one-channel PNGs
 (``masks/{train,val}``) with a 1-pixel ignore (255) line along every class boundary, where the
 JPEG image blurs one colour into the next.
+
+Restoration (:func:`make_restore_dataset`): a folder of lossless high-resolution PNGs, each a
+smooth colour gradient with a few sharp-edged shapes on it (restoration val degrades them itself).
 """
 from __future__ import annotations
 
@@ -199,3 +202,34 @@ def make_segmentation_dataset(root: str | Path, *, n_train: int = 16, n_val: int
     data_yaml.write_text(f"# synthetic semantic-segmentation shapes (libreyolo.train.shapes, seed {seed})\n"
                          f"path: .\ntrain: images/train\nval: images/val\nmasks_dir: masks\nnames:\n{listed}\n")
     return data_yaml
+
+
+def _restore_sample(size: int, rng: np.random.Generator) -> Image.Image:
+    """A smooth two-colour gradient at a random angle with 2-4 solid shapes of sharp edges on it."""
+    t = np.linspace(0.0, 1.0, size, dtype=np.float64)
+    angle = rng.uniform(0.0, np.pi)
+    ramp = np.cos(angle) * t[None, :] + np.sin(angle) * t[:, None]
+    ramp = (ramp - ramp.min()) / max(1e-9, float(np.ptp(ramp)))
+    a, b = rng.uniform(20, 235, size=3), rng.uniform(20, 235, size=3)
+    img = Image.fromarray(np.clip(a + (b - a) * ramp[..., None], 0, 255).round().astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(2, 5))):
+        side = int(rng.integers(size // 6, size // 2))
+        x1, y1 = (int(v) for v in rng.integers(0, size - side, size=2))
+        _draw(draw, int(rng.integers(0, len(CLASSES))), (x1, y1, x1 + side, y1 + side), _colour(rng))
+    return img
+
+
+def make_restore_dataset(root: str | Path, *, n: int = 4, imgsz: int = 64, seed: int = 0) -> Path:
+    """Write ``n`` high-resolution ``imgsz`` x ``imgsz`` PNGs (smooth gradients and sharp shapes) under
+    ``root``; return the folder, what restoration val takes as ``data=``. Same arguments, same files."""
+    from libreyolo.train.restore_data import min_side
+
+    if n < 1 or imgsz < min_side(4, 4):
+        raise ValueError(f"need n >= 1 and imgsz >= {min_side(4, 4)}, got {n}, {imgsz}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for k in range(n):
+        _restore_sample(imgsz, rng).save(root / f"hr_{k:05d}.png")
+    return root

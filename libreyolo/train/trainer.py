@@ -521,6 +521,9 @@ def _read_train_state(path: str | None) -> dict[str, Any] | None:
 def train(model: Any, **kwargs: Any) -> dict[str, Any]:
     """``model.train(...)``: see :class:`TrainArgs` for the options (a family may change some
     defaults: ``Family.train_defaults``)."""
+    from libreyolo.tasks import get_task
+
+    get_task(model.task).require_trainable()  # e.g. restoration: one line saying so, before any argument
     args = TrainArgs.from_kwargs({**model.family.train_defaults, **kwargs})
     from libreyolo.train.options import require_train_extra
 

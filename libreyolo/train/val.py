@@ -36,29 +36,31 @@ def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 
         device: Any = None, conf: float = 0.001, iou: float = 0.7, max_det: int = 300) -> dict[str, float]:
     """Metrics of ``model`` (eager or artifact) on the val split of ``data``, its task's:
     ``mAP50-95``, ``mAP50``, ``precision``, ``recall`` (detect), ``top1``, ``top5`` (classify),
-    ``mIoU``, ``pixel_acc``, ``mAcc`` (semantic).
+    ``mIoU``, ``pixel_acc``, ``mAcc`` (semantic), ``PSNR_Y``, ``SSIM_Y``, ``PSNR_RGB``,
+    ``SSIM_RGB`` (restore: ``data`` is a folder of high-resolution images, see
+    :mod:`libreyolo.train.restore_data`).
 
     Options are checked by :data:`libreyolo.train.options.VAL_OPTIONS` (the table ``predict()``
     and ``libreyolo val`` use too); ``imgsz`` is the model's (an artifact's: the size it was
     exported for) unless given, and must be a multiple of its stride.
     """
     from libreyolo.options import check_all, check_input_budget
+    from libreyolo.tasks import get_task
     from libreyolo.train.data import build_dataloader
     from libreyolo.train.evaluate import evaluate
     from libreyolo.train.options import VAL_OPTIONS, require_train_extra
 
     o = check_all(VAL_OPTIONS, {"data": data, "imgsz": imgsz, "batch": batch, "workers": workers, "device": device,
                                 "conf": conf, "iou": iou, "max_det": max_det}, command="val")
+    task = get_task(model.task)
     if not o["data"]:
-        from libreyolo.tasks import get_task
-
-        raise ArgumentError(f"val needs data=: {get_task(model.task).data_help}")
+        raise ArgumentError(f"val needs data=: {task.data_help}")
     conf, iou, batch, max_det, workers = o["conf"], o["iou"], o["batch"], o["max_det"], o["workers"]
     size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
     check_input_budget(batch, size, explicit=True)
     require_train_extra(model.task)  # before the dataset is scanned
     cfg = load_dataset(model.task, data)
-    if cfg.nc != model.nc:
+    if task.has_classes and cfg.nc != model.nc:
         raise ArgumentError(f"the dataset {data} has {cfg.nc} classes and the model {model.nc}; validate a model "
                             "trained on this dataset")
     if not cfg.val:
