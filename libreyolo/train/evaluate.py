@@ -33,11 +33,10 @@ def evaluate(model: Any, forward: Forward, loader, *, device: torch.device, **op
     task = get_task(model.task)
     opts = task.predict_options({k: v for k, v in options.items() if v is not None})
     metrics = task.metrics(model)
-    scale = 255.0 * model.family.export.input_scale
     for batch in loader:
         images = batch[0].to(device)
         if images.dtype == torch.uint8:
-            images = images.float() / 255.0 * scale
+            images = model.family.network_input(images)
         task.score_batch(model, metrics, forward(images), batch, opts)
     return {k: float(v) for k, v in metrics.compute().items() if isinstance(v, (int, float))}
 
