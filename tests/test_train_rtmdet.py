@@ -279,7 +279,7 @@ def test_zero_targets_leave_only_negatives_and_gradients_reach_every_parameter()
                 * logits.sigmoid().square()).sum()  # / max(0, 1)
     assert torch.isfinite(loss) and float(items[0]) == 0.0
     assert float(items[1]) == pytest.approx(float(expected), rel=1e-5)
-    assert float(loss) == pytest.approx(2 * float(items.sum()), rel=1e-5)  # scaled by the batch
+    assert float(loss.detach()) == pytest.approx(2 * float(items.sum()), rel=1e-5)  # scaled by the batch
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
 
