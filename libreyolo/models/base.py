@@ -131,6 +131,11 @@ class Family:
         graph captures (forward and backward). Returns a tensor or a nest of tensors."""
         return net(images)
 
+    def network_input(self, images: torch.Tensor) -> torch.Tensor:
+        """A training or validation batch of 8-bit RGB images (B, 3, S, S), already letterboxed by
+        the dataset, as the network's float input (default: scaled by ``export.input_scale``)."""
+        return images.float() / 255.0 * (255.0 * self.export.input_scale)
+
     def train_decode(self, net: nn.Module, features: Any, targets: torch.Tensor) -> Any:
         """The eager rest of the training forward, given :meth:`train_encode`'s output and the
         batch's targets ``(M, 6)`` rows ``(image, class, x1, y1, x2, y2)`` in input pixels (or class

@@ -57,3 +57,21 @@ def bbox_ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torc
     with torch.no_grad():
         alpha = v / (v - iou + (1 + eps))
     return iou - (rho2 / c2 + v * alpha)
+
+
+def bbox_giou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Generalised IoU of xyxy boxes, elementwise with broadcasting: (..., 4) x (..., 4) -> (...).
+
+    GIoU = IoU - (C - U) / C (Rezatofighi et al., 2019), C the area of the smallest enclosing box
+    and U the union: 1 for identical boxes, towards -1 for far-apart ones, so ``1 - GIoU`` still
+    pulls disjoint boxes together. An inverted side counts as zero width (area 0, not negative).
+    """
+    lt1, rb1, lt2, rb2 = box1[..., :2], box1[..., 2:], box2[..., :2], box2[..., 2:]
+    wh1, wh2 = (rb1 - lt1).clamp(min=0), (rb2 - lt2).clamp(min=0)
+    inter_wh = (torch.minimum(rb1, rb2) - torch.maximum(lt1, lt2)).clamp(min=0)
+    inter = inter_wh[..., 0] * inter_wh[..., 1]
+    union = wh1[..., 0] * wh1[..., 1] + wh2[..., 0] * wh2[..., 1] - inter
+    enclose_wh = (torch.maximum(rb1, rb2) - torch.minimum(lt1, lt2)).clamp(min=0)
+    enclose = enclose_wh[..., 0] * enclose_wh[..., 1]
+    iou = inter / union.clamp(min=eps)
+    return iou - (enclose - union) / enclose.clamp(min=eps)

@@ -34,11 +34,10 @@ def evaluate(model: Any, forward: Forward, loader, *, device: torch.device, **op
     # val's options (conf, iou, max_det) are checked by val(); the task takes those it declares
     opts = task.predict_options({k: v for k, v in options.items() if v is not None and k in task.options})
     metrics = task.metrics(model)
-    scale = 255.0 * model.family.export.input_scale
     for batch in loader:
         images = batch[0].to(device)
         if images.dtype == torch.uint8:
-            images = images.float() / 255.0 * scale
+            images = model.family.network_input(images)
         task.score_batch(model, metrics, forward(images), batch, opts)
     return {k: float(v) for k, v in metrics.compute().items() if isinstance(v, (int, float))}
 

@@ -400,7 +400,7 @@ class Trainer:
         non_blocking = self.device.type == "cuda"
         images = images.to(self.device, non_blocking=non_blocking)
         if images.dtype == torch.uint8:
-            images = images.float() / 255.0 * (255.0 * self.model.family.export.input_scale)
+            images = self.model.family.network_input(images)
         targets = self.task.batch_targets(batch)
         return images, targets.to(self.device, non_blocking=non_blocking)
 

@@ -2,6 +2,6 @@
 from __future__ import annotations
 
 from libreyolo.models.rtmdet.family import RTMDetFamily
-from libreyolo.models.rtmdet.network import RTMDet, decode
+from libreyolo.models.rtmdet.network import RTMDet, decode, decode_boxes
 
-__all__ = ["RTMDet", "RTMDetFamily", "decode"]
+__all__ = ["RTMDet", "RTMDetFamily", "decode", "decode_boxes"]

@@ -14,6 +14,14 @@ Postprocessing: sigmoid scores for every class of every point (multi-label), box
 point and its four distances, then the shared detection postprocessing (clip to the image,
 per-class NMS), which is what the reference's per-level candidate selection, clamp and NMS
 amount to.
+
+Training (:mod:`libreyolo.train.loss.rtmdet`: dynamic soft-label assignment, quality focal loss,
+GIoU) sees the images as prediction does: the datasets' 8-bit RGB batches are flipped to BGR and
+normalised with the same constants (:meth:`RTMDetFamily.network_input`), so a model trained here
+predicts with the usual preprocessing and a reference checkpoint fine-tunes on the inputs it
+was trained on. The recipe is mmdetection's: AdamW, weight decay 0.05, cosine decay to 5% of the
+learning rate; its 0.004 at batch 256 is scaled linearly to the trainer's nominal batch of 64
+(0.001), with norms and biases not decayed (the trainer's parameter groups do that already).
 """
 from __future__ import annotations
 
@@ -60,10 +68,15 @@ class NormalizedLetterbox(Letterbox):
     def __call__(self, images: list[torch.Tensor], dtype: torch.dtype = torch.float32,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[LetterboxMeta]]:
         batch, metas = super().__call__(images, dtype=dtype, out=out)
+        batch.copy_(self.normalize(batch))
+        return batch, metas
+
+    def normalize(self, batch: torch.Tensor) -> torch.Tensor:
+        """``(batch - mean) / std`` per channel of a (B, 3, H, W) batch already in the letterbox's
+        units and channel order; float32."""
         mean = torch.tensor(self.mean, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
-        batch.copy_((batch.float() - mean) / std)
-        return batch, metas
+        return (batch.float() - mean) / std
 
 
 @register_family
@@ -88,10 +101,18 @@ class RTMDetFamily(DenseDetectFamily):
         # default groups: box coordinates, then every class's score (multi-label)
     )
     nc_key = "head.rtm_cls.0.bias"  # the first level's class conv: one output per class
-    training = None  # the dynamic soft-label assigner and QFL/GIoU losses are not written yet
+    training = "libreyolo.train.loss.rtmdet:RTMDetLoss"  # dynamic soft-label assignment, QFL and GIoU
+    training_items = ("box_loss", "cls_loss")
+    train_capture = "network"  # the whole forward and backward is one training graph; the loss stays eager
+    # mmdetection's RTMDet recipe (lr 0.004 at batch 256, scaled to the nominal batch of 64)
+    train_defaults = {"optimizer": "AdamW", "lr0": 0.001, "lrf": 0.05, "momentum": 0.9, "weight_decay": 0.05}
 
     def build(self, size: str, nc: int) -> nn.Module:
         return RTMDet(size, nc)
+
+    def network_input(self, images: torch.Tensor) -> torch.Tensor:
+        """A dataset's 8-bit RGB batch as the network takes it: BGR, normalised like :meth:`letterbox`'s output."""
+        return self.letterbox(self.default_imgsz).normalize(images.flip(1))
 
     def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
         """``(cls_logits, distances)`` decoded into ``predictions`` (B, 4 + nc, N): in every artifact and graph."""

@@ -10,6 +10,11 @@ levels; each level keeps its own BatchNorm. A shared module appears in the state
 every level's name (``head.cls_convs.{0,1,2}.i.conv.weight``), as in the reference's files;
 files that store only level 0 (mmdetection conversions) are completed on load.
 
+A freshly built head starts as mmdetection's RTMDet does (``RTMDetSepBNHead.init_weights``):
+every head conv drawn from N(0, 0.01) without bias, except the class convs' bias at the prior
+probability 0.01 (about -4.6), so an untrained model starts near "nothing here"; the box convs
+start near zero distances. Loading a checkpoint overwrites all of it.
+
 The network's output (eval mode) is what the reference module returns:
 ``(cls_logits, distances)``, each a tuple over the levels P3, P4, P5 of ``(B, nc, H, W)``
 class logits and ``(B, 4, H, W)`` left/top/right/bottom distances already in input pixels.
@@ -18,6 +23,7 @@ image normalised with the mmdetection mean/std (the family's letterbox produces 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +206,19 @@ class RTMDetSepBNHead(nn.Module):
                 for i, layer in enumerate(level):
                     layer.conv = towers[0][i].conv  # one conv for every level; BNs stay per level
         self.register_load_state_dict_pre_hook(_complete_shared_keys)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, prior: float = 0.01, std: float = 0.01) -> None:
+        """mmdetection's start for a head about to be trained: N(0, ``std``) convs, zero biases,
+        class biases at ``prior`` probability (BatchNorms keep PyTorch's 1 and 0)."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.normal_(m.weight, 0.0, std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for conv in self.rtm_cls:
+            nn.init.constant_(conv.bias, -math.log((1 - prior) / prior))
 
     def forward(self, feats: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         logits, distances = [], []
@@ -227,6 +246,32 @@ def _complete_shared_keys(head: RTMDetSepBNHead, state: dict[str, Any], prefix: 
                         state.setdefault(f"{prefix}{tower}.{level}.{i}.conv.{name}", state[first])
 
 
+def level_points(maps: tuple[torch.Tensor, ...], strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
+    """The points of the level maps (..., H, W), (2, N) ``(column, row) * stride`` in input pixels,
+    in the order :func:`decode` flattens the maps; on the maps' device and dtype."""
+    points = []
+    for m, stride in zip(maps, strides, strict=True):
+        h, w = m.shape[-2:]
+        xs = torch.arange(w, device=m.device, dtype=m.dtype) * stride
+        ys = torch.arange(h, device=m.device, dtype=m.dtype) * stride
+        points.append(torch.stack((xs.view(1, w).expand(h, w), ys.view(h, 1).expand(h, w))).flatten(1))
+    return torch.cat(points, 1)
+
+
+def level_strides(maps: tuple[torch.Tensor, ...], strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
+    """(N,) the stride of each point of :func:`level_points`."""
+    return torch.cat([torch.full((m.shape[-2] * m.shape[-1],), float(s), device=m.device, dtype=m.dtype)
+                      for m, s in zip(maps, strides, strict=True)])
+
+
+def decode_boxes(distances: tuple[torch.Tensor, ...], strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
+    """Per-level distances (B, 4, H, W) -> (B, 4, N) xyxy boxes in input pixels (see :func:`decode`);
+    differentiable, so the training loss decodes with it too."""
+    point = level_points(distances, strides).unsqueeze(0)  # (1, 2, N)
+    dist = torch.cat([d.flatten(2) for d in distances], 2)  # (B, 4, N)
+    return torch.cat((point - dist[:, :2], point + dist[:, 2:]), 1)
+
+
 def decode(outputs: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]],
            strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
     """``(cls_logits, distances)`` -> (B, 4 + nc, N): xyxy boxes in input pixels, then sigmoid class scores.
@@ -237,16 +282,8 @@ def decode(outputs: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]],
     Portable ops only, no host reads: the same code runs eagerly, in graphs and in artifacts.
     """
     logits, distances = outputs
-    points = []
-    for d, stride in zip(distances, strides, strict=True):
-        h, w = d.shape[-2:]
-        xs = torch.arange(w, device=d.device, dtype=d.dtype) * stride
-        ys = torch.arange(h, device=d.device, dtype=d.dtype) * stride
-        points.append(torch.stack((xs.view(1, w).expand(h, w), ys.view(h, 1).expand(h, w))).flatten(1))
-    point = torch.cat(points, 1).unsqueeze(0)  # (1, 2, N)
-    dist = torch.cat([d.flatten(2) for d in distances], 2)  # (B, 4, N)
     scores = torch.cat([c.flatten(2) for c in logits], 2).sigmoid()
-    return torch.cat((point - dist[:, :2], point + dist[:, 2:], scores), 1)
+    return torch.cat((decode_boxes(distances, strides), scores), 1)
 
 
 class RTMDet(nn.Module):

@@ -16,9 +16,35 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from libreyolo.errors import ArgumentError
 from libreyolo.ops.boxes import box_iou
 
-__all__ = ["TaskAlignedAssigner"]
+__all__ = ["TaskAlignedAssigner", "pad_targets"]
+
+
+def pad_targets(targets: torch.Tensor, b: int, owner: str = "the loss",
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(M, 6) rows ``[image, class, x1, y1, x2, y2]`` -> per image, padded to the most boxes any
+    image has: labels (B, Mmax, 1), boxes (B, Mmax, 4), mask (B, Mmax, 1) bool. Vectorised: each
+    row's slot is its rank within its image. ``owner`` names the caller in the error message."""
+    device = targets.device
+    img = targets[:, 0].long()
+    counts = torch.bincount(img, minlength=b)
+    if counts.shape[0] > b:
+        raise ArgumentError(f"{owner}: targets name image index {counts.shape[0] - 1} in a batch of {b} "
+                            "images; column 0 must be the image's index in the batch")
+    m = int(counts.max()) if targets.shape[0] else 0
+    labels = torch.zeros((b, m, 1), device=device, dtype=targets.dtype)
+    boxes = torch.zeros((b, m, 4), device=device, dtype=targets.dtype)
+    if m:
+        order = torch.argsort(img, stable=True)
+        img = img[order]
+        first = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(img.shape[0], device=device) - first[img]
+        labels[img, slot, 0] = targets[order, 1]
+        boxes[img, slot] = targets[order, 2:6]
+    mask = (torch.arange(m, device=device).view(1, m) < counts.view(b, 1)).unsqueeze(-1)
+    return labels, boxes, mask
 
 
 class TaskAlignedAssigner(nn.Module):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from libreyolo.errors import ArgumentError
 from libreyolo.models.yolo9.network import REG_MAX, STRIDES, decode_dfl
 from libreyolo.ops.boxes import bbox_ciou
-from libreyolo.train.loss.assign import TaskAlignedAssigner
+from libreyolo.train.loss.assign import TaskAlignedAssigner, pad_targets
 
 __all__ = ["DetectionLoss", "bbox_ciou", "bbox_to_ltrb", "distribution_focal_loss", "make_anchors"]
 
@@ -148,26 +148,8 @@ class DetectionLoss:
         return cache[key]
 
     def _pad_targets(self, targets: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(M, 6) rows -> per image, padded to the most boxes any image has: labels (B, Mmax, 1),
-        boxes (B, Mmax, 4), mask (B, Mmax, 1). Vectorised: each row's slot is its rank within its image."""
-        device = targets.device
-        img = targets[:, 0].long()
-        counts = torch.bincount(img, minlength=b)
-        if counts.shape[0] > b:
-            raise ArgumentError(f"DetectionLoss: targets name image index {counts.shape[0] - 1} in a batch of {b} "
-                                "images; column 0 must be the image's index in the batch")
-        m = int(counts.max()) if targets.shape[0] else 0
-        labels = torch.zeros((b, m, 1), device=device)
-        boxes = torch.zeros((b, m, 4), device=device)
-        if m:
-            order = torch.argsort(img, stable=True)
-            img = img[order]
-            first = torch.cumsum(counts, 0) - counts
-            slot = torch.arange(img.shape[0], device=device) - first[img]
-            labels[img, slot, 0] = targets[order, 1]
-            boxes[img, slot] = targets[order, 2:6]
-        mask = (torch.arange(m, device=device).view(1, m) < counts.view(b, 1)).unsqueeze(-1)
-        return labels, boxes, mask
+        """(M, 6) rows -> labels (B, Mmax, 1), boxes (B, Mmax, 4), mask (B, Mmax, 1): :func:`pad_targets`."""
+        return pad_targets(targets, b, "DetectionLoss")
 
     def _check(self, raw_outputs: list[torch.Tensor], targets: torch.Tensor) -> None:
         channels = 4 * self.reg_max + self.nc
