@@ -101,6 +101,12 @@ class RTMDetFamily(DenseDetectFamily):
         # default groups: box coordinates, then every class's score (multi-label)
     )
     nc_key = "head.rtm_cls.0.bias"  # the first level's class conv: one output per class
+    # Not yet: the H200 graph parity matrix passed every check for t and s (incl. the pipeline
+    # rows, bench/results/2026-12-02-graph-parity-rtmdet-h200.*), but for m (fp16), l and x the
+    # harness's seeded weights make the eager outputs non-finite (exp distances overflow), so
+    # those sizes are unverified (...-rtmdet-mlx-h200.*); they need parity_seed_gains first
+    SUPPORTS_CUDA_GRAPH = False
+    SUPPORTS_PIPELINE_GRAPH = False
     training = "libreyolo.train.loss.rtmdet:RTMDetLoss"  # dynamic soft-label assignment, QFL and GIoU
     training_items = ("box_loss", "cls_loss")
     train_capture = "network"  # the whole forward and backward is one training graph; the loss stays eager
