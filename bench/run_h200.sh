@@ -7,6 +7,9 @@
 # segformer: the graph parity matrix of every SegFormer size (b0-b5, fp32 and fp16, at the
 # harness's default 640/320, b5's own input size), then bench/segformer_bench.py (b0, b2; fp32
 # and fp16; batch 1 and 8; the reference in a child process): at most 240 + 290 s.
+# issue24: graph parity of every RTMDet and SwinIR size, their GPU tests (parity rows, graphed
+# predict, fused-attention rule, training graphs), then bench/rtmdet_swinir_bench.py with the
+# reference in a child process: at most 150 + 200 + 240 s.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -45,4 +48,19 @@ if [ "$phase" = segformer ]; then
   timeout 290 python -u bench/segformer_bench.py --half --budget-s 150 --peer-timeout 110 --peer-python /tmp/peerpy \
     --json "$out/$day-segformer-h200.json" > "$out/$day-segformer-h200.log" 2>&1
   echo "segformer bench rc=$? (the JSON is rewritten after every stage)"; tail -45 "$out/$day-segformer-h200.log"
+fi
+if [ "$phase" = issue24 ]; then
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 150 python -u -m libreyolo.graphs.parity --family rtmdet --json "$out/$day-graph-parity-rtmdet-all-h200.json" \
+    --md "$out/$day-graph-parity-rtmdet-all-h200.md" > "$out/$day-graph-parity-rtmdet-all-h200.log" 2>&1
+  echo "rtmdet parity rc=$?"; grep -E "^rtmdet-" "$out/$day-graph-parity-rtmdet-all-h200.log"
+  timeout 100 python -u -m libreyolo.graphs.parity --family swinir --imgsz 64 32 --json "$out/$day-graph-parity-swinir-all-h200.json" \
+    --md "$out/$day-graph-parity-swinir-all-h200.md" > "$out/$day-graph-parity-swinir-all-h200.log" 2>&1
+  echo "swinir parity rc=$?"; grep -E "^swinir-|Error" "$out/$day-graph-parity-swinir-all-h200.log" | tail -8
+  timeout 200 python -m pytest -q -m gpu tests/test_restore_rtmdet_gpu.py tests/test_fused_attention_rule.py \
+    tests/test_train_graph_gpu.py -p no:cacheprovider > "$out/$day-gpu-tests-h200-issue24-graphs.log" 2>&1
+  echo "gpu tests rc=$?"; tail -15 "$out/$day-gpu-tests-h200-issue24-graphs.log"
+  timeout 240 python -u bench/rtmdet_swinir_bench.py --peer-python /tmp/peerpy --peer-timeout 100 \
+    --json "$out/$day-rtmdet-swinir-h200.json" > "$out/$day-rtmdet-swinir-h200.log" 2>&1
+  echo "bench rc=$?"; tail -30 "$out/$day-rtmdet-swinir-h200.log"
 fi

@@ -94,12 +94,19 @@ def test_predict_tiles_through_the_same_pipeline():
     assert not torch.equal(model.predict(x, tile=16, tile_pad=0).restored.data, whole)
 
 
-def test_cuda_graph_with_tiling_is_refused_for_swinir_like_without():
-    from libreyolo.graphs import GraphNotSupportedError
+def test_graphed_tiles_are_the_eager_tiles():
+    """cuda_graph=True with tiling: one capture per tile shape (interior and edge tiles), the
+    stitched image equal to the eager one (emulated backend on a CPU: the code path, not CUDA)."""
+    from libreyolo.graphs.backend import EmulatedGraphBackend
 
     model = LibreYOLO("LibreSwinIRs.yaml")
-    with pytest.raises(GraphNotSupportedError, match="not enabled for family 'swinir'"):
-        model.predict(torch.rand(3, 16, 16), tile=8, cuda_graph=True)
+    model.net = LocalNet(radius=2).float()
+    model._graph_backend = EmulatedGraphBackend()
+    x = torch.rand(3, 37, 50, generator=torch.Generator().manual_seed(3)) * 0.02
+    eager = model.predict(x, tile=16, tile_pad=2).restored.data
+    graphed = model.predict(x, tile=16, tile_pad=2, cuda_graph=True).restored.data
+    assert torch.equal(graphed, eager)
+    assert model.graph_info()["captures"] >= 1
 
 
 # --- SwinIR -------------------------------------------------------------------------------------

@@ -68,6 +68,9 @@ def seed_weights(net: torch.nn.Module, seed: int, calibration: torch.Tensor | No
     their noise-probe outliers overflow fp16).
     """
     g = torch.Generator().manual_seed(seed)
+    # buffers other than BatchNorm statistics are built from the architecture (SwinIR's
+    # shifted-window masks): their values are drawn, to keep every family's stream, but not stored
+    fixed = {name for name, _ in net.named_buffers() if name.rsplit(".", 1)[-1] not in ("running_mean", "running_var")}
     with torch.no_grad():
         for name, t in net.state_dict().items():
             if not t.is_floating_point():
@@ -83,6 +86,8 @@ def seed_weights(net: torch.nn.Module, seed: int, calibration: torch.Tensor | No
                 v = 0.8 + 0.4 * torch.rand(t.shape, generator=g)
             else:
                 v = 0.1 * torch.randn(t.shape, generator=g)
+            if name in fixed:
+                continue
             gain = next((g for prefix, g in (gains or {}).items() if name.startswith(prefix)), 1.0)
             t.copy_((v * gain).to(t.dtype))
         norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
@@ -153,10 +158,13 @@ def _sample_batch(family, imgsz: int, batch: int, device: torch.device, dtype: t
     from libreyolo import SAMPLE_IMAGE
     from libreyolo.data.sources import load_sources
 
+    pre = family.letterbox(imgsz)
     img = load_sources(SAMPLE_IMAGE)[0].data.to(device)
+    if hasattr(pre, "export_sample"):  # a preprocessor that keeps an image's size: its imgsz crop, like export
+        img = pre.export_sample(img)
     views = [img, img.flip(-1), img.flip(-2), img.transpose(-1, -2)]
     images = [views[i % len(views)].contiguous() for i in range(batch)]
-    return family.letterbox(imgsz)(images, dtype=dtype)[0]
+    return pre(images, dtype=dtype)[0]
 
 
 _INT_OF = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,

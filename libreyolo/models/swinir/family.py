@@ -23,6 +23,9 @@ class SwinIRFamily(RestoreFamily):
     stride = WINDOW
     default_imgsz = 64
     filename_pattern = r"LibreSwinIR(?P<size>[sml])"
+    # one fixed-shape capture per padded input size (the graph runner keys captures by shape);
+    # the masks of a size are built once per device before capture (SwinIRBlock._mask)
+    SUPPORTS_CUDA_GRAPH = True
 
     def build(self, size: str, nc: int) -> nn.Module:
         return SwinIR(size)  # nc does not apply (restoration)
