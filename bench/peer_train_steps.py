@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-CLASSES = {"yolo9": "LibreYOLO9", "yolox": "LibreYOLOX", "dfine": "LibreDFINE", "rtdetr": "LibreRTDETR"}
+CLASSES = {"yolo9": "LibreYOLO9", "yolox": "LibreYOLOX", "dfine": "LibreDFINE", "rtdetr": "LibreRTDETR",
+           "rtmdet": "LibreRTMDet"}
 
 
 def epoch_seconds(run_dir: Path) -> list[float]:

@@ -209,7 +209,7 @@ def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dic
         for graph in (False, True):
             key = "cuda_graph" if graph else "eager"
 
-            def call(graph=graph):
+            def call(graph=graph, model=model):
                 return model.predict(images["det"], imgsz=args.det_imgsz, conf=args.conf, cuda_graph=graph)
 
             got = det_tensor(call())
@@ -226,7 +226,7 @@ def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dic
         print(f"  rtmdet-{size}: " + json.dumps({k: v for k, v in row.items() if k != "graph_info"}), flush=True)
         rows[size] = row
         model.release_graphs()
-        del model
+        model = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -252,7 +252,7 @@ def bench_swinir_predict(args, device, sync, workdir: Path, images: dict) -> dic
             for graph in (False, True):
                 key = f"{tag}_{'cuda_graph' if graph else 'eager'}"
 
-                def call(graph=graph):
+                def call(graph=graph, model=model):
                     return model.predict(images["sr"], cuda_graph=graph)
 
                 got = call().restored.data.cpu()
@@ -269,8 +269,25 @@ def bench_swinir_predict(args, device, sync, workdir: Path, images: dict) -> dic
         print(f"  swinir-{size}: " + json.dumps(row), flush=True)
         rows[size] = row
         model.release_graphs()
-        del model
+        model = None
     return rows
+
+
+def match_detections(mine: torch.Tensor, theirs: torch.Tensor, px: float = 0.01, conf: float = 1e-4) -> dict:
+    """Detections as sets (rows ``x1 y1 x2 y2 conf cls``; untrained weights tie many scores, so
+    order says nothing): the share of ours with a reference detection of the same class whose box
+    is within ``px`` pixels (every coordinate) and whose score is within ``conf``, and back."""
+    if not mine.numel() or not theirs.numel():
+        return {"matched_pct_ours": None, "matched_pct_reference": None}
+    box = torch.cdist(mine[:, :4], theirs[:, :4], p=float("inf"))
+    same = (mine[:, None, 5] == theirs[None, :, 5]) & ((mine[:, None, 4] - theirs[None, :, 4]).abs() <= conf)
+    close = same & (box <= px)
+    nearest = torch.where(same, box, torch.full_like(box, float("inf"))).min(1).values
+    return {"matched_pct_ours": 100.0 * float(close.any(1).double().mean()),
+            "matched_pct_reference": 100.0 * float(close.any(0).double().mean()),
+            "match_px": px, "match_conf": conf,
+            "median_nearest_same_class_px": float(nearest[torch.isfinite(nearest)].median())
+            if torch.isfinite(nearest).any() else None}
 
 
 def run_peer(args, workdir: Path, images: dict, rtmdet: dict, swinir: dict) -> dict:
@@ -307,16 +324,15 @@ def run_peer(args, workdir: Path, images: dict, rtmdet: dict, swinir: dict) -> d
             mine = torch.load(workdir / f"ours_rtmdet_{size}_eager.pt")
             row = peer["rtmdet"].setdefault(size, {})
             row["detections_ours_vs_reference"] = [int(mine.shape[0]), int(theirs.shape[0])]
-            if mine.shape == theirs.shape and mine.numel():
-                order_m, order_t = mine[:, 4].argsort(descending=True), theirs[:, 4].argsort(descending=True)
-                row["max_abs_diff_sorted"] = float((mine[order_m] - theirs[order_t]).abs().max())
+            row.update(match_detections(mine, theirs))
     for size in swinir or {}:
         row = peer["swinir"].setdefault(size, {})
         for tag in ("default", "manual", "fused"):
             f = workdir / f"peer_swinir_{size}_{tag}_eager.npy"
             if f.exists():
                 theirs = torch.from_numpy(np.load(f)).int()
-                mine = torch.load(workdir / f"ours_swinir_{size}_{'manual' if tag == 'default' else tag}_eager.pt").int()
+                ours = "manual" if tag == "default" else tag
+                mine = torch.load(workdir / f"ours_swinir_{size}_{ours}_eager.pt").int()
                 if theirs.shape == mine.shape:
                     d = (theirs - mine).abs()
                     row[f"{tag}_vs_ours_max_grey"] = int(d.max())
@@ -327,66 +343,66 @@ def run_peer(args, workdir: Path, images: dict, rtmdet: dict, swinir: dict) -> d
 
 
 def bench_train(args, device, sync) -> list[dict]:
+    return [_train_row(name, size, args, device, sync) for name, size in (("rtmdet", "t"), ("yolo9", "t"))]
+
+
+def _train_row(name: str, size: str, args, device, sync) -> dict:
     from libreyolo.engine.model import Model
     from libreyolo.models.registry import get_family
     from libreyolo.train.graph import TrainGraphs, synthetic_batches
     from libreyolo.train.loss import loss_for
+    from libreyolo.train.trainer import TrainForward
 
     sys.path.insert(0, str(ROOT / "bench"))
     from train_bench import _time_steps
 
-    rows = []
-    for name, size in (("rtmdet", "t"), ("yolo9", "t")):
-        family = get_family(name)
-        nc = 8
-        model = Model(family, size, nc=nc, names={i: str(i) for i in range(nc)}, imgsz=args.train_imgsz).to(device)
-        images, targets = synthetic_batches(model, 1, args.train_batch, args.train_imgsz, device=str(device))[0]
-        scale = 255.0 * family.export.input_scale
-        images = family.network_input((images / scale * 255.0).clamp(0, 255).to(torch.uint8))  # as the trainer feeds
-        data = (images, targets)
-        criterion = loss_for(name, model.task, nc)
-        row: dict[str, Any] = {"family": f"{name}-{size}", "imgsz": args.train_imgsz, "batch": args.train_batch,
-                               "amp": device.type == "cuda", "train_capture": family.train_capture}
-        start = {k: v.clone() for k, v in model.net.state_dict().items()}
-        if device.type == "cuda":
-            for graph in (False, True):
-                model.net.load_state_dict(start)
-                ms, replays = _time_steps(model, data, criterion, graph, args.n, args.warmup)
-                row["graph_step_ms" if graph else "eager_step_ms"] = ms
-                if graph:
-                    row["replays"] = replays
-            row["graph_step_speedup"] = row["eager_step_ms"] / row["graph_step_ms"]
-        net = model.net.train()
-        autocast = torch.autocast(device.type) if device.type == "cuda" else contextlib.nullcontext()
-
-        def net_only(encode) -> None:
-            net.zero_grad(set_to_none=True)
-            with autocast:
-                feats = encode(images)
-            flat = [t for t in torch.utils._pytree.tree_leaves(feats) if isinstance(t, torch.Tensor) and t.requires_grad]
-            torch.autograd.backward(flat, [torch.ones_like(t) for t in flat])
-
-        model.net.load_state_dict(start)
-        row["eager_network_fwd_bwd_ms"] = median_ms(lambda: net_only(lambda x: family.train_encode(net, x)),
-                                                    args.n, args.warmup, sync)
-        with torch.no_grad(), autocast:
-            from libreyolo.train.trainer import TrainForward
-
-            out = TrainForward(family, net)(*data)
-        row["eager_loss_forward_ms"] = median_ms(lambda: criterion(out, targets), args.n, args.warmup, sync)
-        if device.type == "cuda":
+    family = get_family(name)
+    nc = 8
+    model = Model(family, size, nc=nc, names={i: str(i) for i in range(nc)}, imgsz=args.train_imgsz).to(device)
+    images, targets = synthetic_batches(model, 1, args.train_batch, args.train_imgsz, device=str(device))[0]
+    scale = 255.0 * family.export.input_scale
+    images = family.network_input((images / scale * 255.0).clamp(0, 255).to(torch.uint8))  # as the trainer feeds
+    data = (images, targets)
+    criterion = loss_for(name, model.task, nc)
+    row: dict[str, Any] = {"family": f"{name}-{size}", "imgsz": args.train_imgsz, "batch": args.train_batch,
+                           "amp": device.type == "cuda", "train_capture": family.train_capture}
+    start = {k: v.clone() for k, v in model.net.state_dict().items()}
+    if device.type == "cuda":
+        for graph in (False, True):
             model.net.load_state_dict(start)
-            graphs = TrainGraphs(family, net, amp=True, capture_after=1)
-            row["graph_network_fwd_bwd_ms"] = median_ms(lambda: net_only(graphs.encode), args.n, args.warmup, sync)
-            row["graph_share_of_eager_step_pct"] = 100.0 * row["eager_network_fwd_bwd_ms"] / row["eager_step_ms"]
-            row["graph_share_of_graphed_step_pct"] = 100.0 * row["graph_network_fwd_bwd_ms"] / row["graph_step_ms"]
-            row["loss_share_of_eager_step_pct"] = 100.0 * row["eager_loss_forward_ms"] / row["eager_step_ms"]
-        print("  " + json.dumps(row), flush=True)
-        rows.append(row)
-        del model, net
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return rows
+            ms, replays = _time_steps(model, data, criterion, graph, args.n, args.warmup)
+            row["graph_step_ms" if graph else "eager_step_ms"] = ms
+            if graph:
+                row["replays"] = replays
+        row["graph_step_speedup"] = row["eager_step_ms"] / row["graph_step_ms"]
+    net = model.net.train()
+    autocast = torch.autocast(device.type) if device.type == "cuda" else contextlib.nullcontext()
+
+    def net_only(encode) -> None:
+        net.zero_grad(set_to_none=True)
+        with autocast:
+            feats = encode(images)
+        flat = [t for t in torch.utils._pytree.tree_leaves(feats)
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+        torch.autograd.backward(flat, [torch.ones_like(t) for t in flat])
+
+    model.net.load_state_dict(start)
+    row["eager_network_fwd_bwd_ms"] = median_ms(lambda: net_only(lambda x: family.train_encode(net, x)),
+                                                args.n, args.warmup, sync)
+    with torch.no_grad(), autocast:
+        out = TrainForward(family, net)(*data)
+    row["eager_loss_forward_ms"] = median_ms(lambda: criterion(out, targets), args.n, args.warmup, sync)
+    if device.type == "cuda":
+        model.net.load_state_dict(start)
+        graphs = TrainGraphs(family, net, amp=True, capture_after=1)
+        row["graph_network_fwd_bwd_ms"] = median_ms(lambda: net_only(graphs.encode), args.n, args.warmup, sync)
+        row["graph_share_of_eager_step_pct"] = 100.0 * row["eager_network_fwd_bwd_ms"] / row["eager_step_ms"]
+        row["graph_share_of_graphed_step_pct"] = 100.0 * row["graph_network_fwd_bwd_ms"] / row["graph_step_ms"]
+        row["loss_share_of_eager_step_pct"] = 100.0 * row["eager_loss_forward_ms"] / row["eager_step_ms"]
+    print("  " + json.dumps(row), flush=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
 
 
 def _f(v: Any, fmt: str = ".2f") -> str:
@@ -401,15 +417,16 @@ def print_tables(result: dict) -> None:
     peer = result.get("peer") or {}
     print("\nRTMDet predict, batch 1, fp32 (median ms per call; ratio = reference / ours, >1: we are faster)")
     print(f"{'size':5} {'eager':>8} {'graph':>8} {'ref eager':>10} {'ref graph':>10} {'eager x':>8} {'graph x':>8} "
-          f"{'graph==eager':>12} {'dets ours/ref':>14}")
+          f"{'graph==eager':>12} {'dets ours/ref, matched':>24}")
     for size, r in (result.get("rtmdet_predict") or {}).items():
         pr = (peer.get("rtmdet") or {}).get(size, {})
         re_, rg = _ms(pr.get("eager")), _ms(pr.get("cuda_graph"))
         e, g = r.get("eager_ms"), r.get("cuda_graph_ms")
         dets = pr.get("detections_ours_vs_reference")
+        dets = f"{dets} {_f(pr.get('matched_pct_ours'), '.1f')}%" if dets else dets
         print(f"{size:5} {_f(e):>8} {_f(g):>8} {_f(re_):>10} {_f(rg):>10} {_f(re_ / e if re_ and e else None):>8} "
               f"{_f(rg / g if rg and g else None):>8} {str(r.get('graph_detections_equal_eager')):>12} "
-              f"{str(dets):>14}")
+              f"{str(dets):>24}")
     print("\nSwinIR predict, 256x256 in, 1024x1024 out, fp32 (median ms; ratio = reference / ours)")
     print(f"{'size':5} {'attn':7} {'eager':>8} {'graph':>8} {'ref eager':>10} {'ref graph':>10} {'eager x':>8} "
           f"{'graph x':>8} {'graph==eager':>12}")
@@ -422,6 +439,9 @@ def print_tables(result: dict) -> None:
             print(f"{size:5} {tag:7} {_f(e):>8} {_f(g):>8} {_f(re_):>10} {_f(rg):>10} "
                   f"{_f(re_ / e if re_ and e else None):>8} {_f(rg / g if rg and g else None):>8} "
                   f"{str(r.get(f'{tag}_graph_equal_eager')):>12}")
+    for size, pr in (peer.get("swinir") or {}).items():
+        if pr.get("fused_switched") == 0 and pr.get("manual_switched") == 0:
+            print(f"(reference swinir-{size}: its set_fused_attention switches 0 modules; both rows are its one path)")
     print("\nTraining step, AMP (median ms; graph share = network forward+backward / whole step)")
     print(f"{'family':9} {'B':>2} {'eager':>8} {'graph':>8} {'x':>5} {'net f+b':>8} {'loss fwd':>9} "
           f"{'share eager':>11} {'share graphed':>13}")

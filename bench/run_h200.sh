@@ -64,3 +64,14 @@ if [ "$phase" = issue24 ]; then
     --json "$out/$day-rtmdet-swinir-h200.json" > "$out/$day-rtmdet-swinir-h200.log" 2>&1
   echo "bench rc=$?"; tail -30 "$out/$day-rtmdet-swinir-h200.log"
 fi
+if [ "$phase" = issue24-train ]; then
+  # the bench again (detections matched as sets), then whole train() runs of RTMDet-t at batch 8,
+  # ours and the reference's, on the reference bench's tiny dataset (.gpushared/make_tiny_dataset.py)
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 200 python -u bench/rtmdet_swinir_bench.py --peer-python /tmp/peerpy --peer-timeout 100 \
+    --json "$out/$day-rtmdet-swinir-h200-run2.json" > "$out/$day-rtmdet-swinir-h200-run2.log" 2>&1
+  echo "bench rc=$?"; grep -v Warning "$out/$day-rtmdet-swinir-h200-run2.log" | tail -24
+  timeout 380 python -u bench/train_bench.py --sections loop --loop-runs rtmdet:t:8 --peer-python /tmp/peerpy \
+    --json "$out/$day-train-loop-rtmdet-h200.json" > "$out/$day-train-loop-rtmdet-h200.log" 2>&1
+  echo "train loop rc=$?"; grep -v Warning "$out/$day-train-loop-rtmdet-h200.log" | tail -12
+fi

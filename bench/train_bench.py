@@ -157,7 +157,8 @@ def _time_steps(model: Model, data: tuple, criterion, graph: bool, n: int, warmu
 
 
 LOOP = "yolo9:t:2,yolo9:t:8,yolo9:t:16,yolox:n:8,dfine:n:8"
-FAMILY_CONFIG = {"yolo9": "LibreYOLO9{}.yaml", "yolox": "LibreYOLOX{}.yaml", "dfine": "LibreDFINE{}.yaml"}
+FAMILY_CONFIG = {"yolo9": "LibreYOLO9{}.yaml", "yolox": "LibreYOLOX{}.yaml", "dfine": "LibreDFINE{}.yaml",
+                 "rtmdet": "LibreRTMDet{}.yaml"}
 
 
 def loop_times(peer_python: str | None, peer: str, tiny: str, runs: str = LOOP, images: int = 256,
