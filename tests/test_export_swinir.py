@@ -26,7 +26,7 @@ def seeded_swinir() -> Any:
     model = LibreYOLO("LibreSwinIRs.yaml")
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for key, t in sorted(model.net.named_parameters()):
+        for _key, t in sorted(model.net.named_parameters()):
             if t.ndim >= 2:
                 t.copy_(torch.randn(t.shape, generator=g) * 0.5 / t[0].numel() ** 0.5)
     return model
