@@ -1,4 +1,5 @@
-"""RTMDet-t exported to ONNX and ExecuTorch, validated against eager, predicting the same detections.
+"""RTMDet-t exported to ONNX and ExecuTorch, validated against eager, predicting the same detections;
+converted to CoreML (which predicts, and so validates, on macOS only).
 
 The network takes the normalised BGR tensor (``image_input=False``); its artifacts record the
 mean/std, and ``LibreYOLO(artifact).predict`` preprocesses exactly as eager does (checked by the
@@ -6,6 +7,7 @@ validator bit for bit, and here through the detections).
 """
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from typing import Any
 
@@ -16,6 +18,7 @@ from libreyolo import SAMPLE_IMAGE, LibreYOLO
 from tests.test_export_common import FUSED_OR_CUSTOM, STANDARD_ONNX_OPS, assert_same_detections, seeded_weights
 
 IMGSZ = 160
+COREML_IMGSZ = 64  # off macOS only the conversion runs (a few seconds); macOS also validates it
 PREDICT_CONF = 0.2
 
 
@@ -68,6 +71,13 @@ def pte(tmp_path_factory):
     return _exported(tmp_path_factory, "executorch", ".pte")
 
 
+@pytest.fixture(scope="module")
+def coreml_package(tmp_path_factory):
+    pytest.importorskip("coremltools", reason="coremltools is not installed (pip install 'libreyolo[coreml]')")
+    return seeded_rtmdet().export(format="coreml", imgsz=COREML_IMGSZ,
+                                  output=tmp_path_factory.mktemp("rtmdet-coreml") / "t.mlpackage", verbose=False)
+
+
 def _eager():
     return seeded_rtmdet().predict(SAMPLE_IMAGE, conf=PREDICT_CONF, imgsz=IMGSZ)
 
@@ -118,3 +128,40 @@ def test_a_wrong_artifact_is_refused(onnx_dynamic, tmp_path):
     opts = ExportOptions("onnx", IMGSZ, dynamic=True, dynamic_spatial=True)
     report = validate_artifact(wrong, get_exporter("onnx"), onnx_dynamic.path, opts)
     assert report.status == "failed", report.text()
+
+
+# CSPNeXt's channel attention: a global mean and a hard sigmoid; SPPF: max pools
+RTMDET_MIL_OPS = {"add", "concat", "const", "conv", "max_pool", "mul", "reduce_mean", "reshape", "sigmoid",
+                  "sigmoid_hard", "silu", "slice_by_index", "sub", "upsample_nearest_neighbor", "transpose",
+                  "real_div", "cast", "expand_dims", "squeeze", "split"}
+
+
+def test_coreml_package_takes_the_normalised_tensor_and_is_portable_ops(coreml_package):
+    import coremltools as ct
+
+    from libreyolo.export.coreml import mlpackage_ops
+
+    path = coreml_package.path
+    assert path.is_dir() and (path / "Manifest.json").is_file()
+    ops = mlpackage_ops(path)
+    assert "conv" in ops and ops <= RTMDET_MIL_OPS, sorted(ops - RTMDET_MIL_OPS)
+    spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
+    (inp,) = spec.description.input
+    # image_input=False: a float tensor of the BGR mean/std-normalised image, not an 8-bit ImageType
+    assert inp.type.WhichOneof("Type") == "multiArrayType"
+    assert list(inp.type.multiArrayType.shape) == [1, 3, COREML_IMGSZ, COREML_IMGSZ]
+    assert [o.name for o in spec.description.output] == ["predictions"]
+
+
+def test_coreml_metadata_and_report_are_honest_about_validation(coreml_package):
+    from libreyolo.runtimes.coreml import read_metadata
+
+    meta = read_metadata(coreml_package.path)
+    assert meta["family"] == "rtmdet" and meta["normalization"]["color"] == "BGR"
+    assert meta["normalization"]["mean"] == [103.53, 116.28, 123.675] and meta["normalization"]["scale"] == 1.0
+    if sys.platform == "darwin":
+        assert coreml_package.validation.status == "passed", coreml_package.validation.text()
+    else:
+        assert coreml_package.validation.status == "not validated"
+        assert coreml_package.validation.headline() == "not validated: CoreML runs only on macOS"
+        assert meta["validation"]["status"] == "not validated"

@@ -1,12 +1,14 @@
-"""SwinIR-s exported to ONNX (dynamic height/width) and ExecuTorch, validated on the image output.
+"""SwinIR-s exported to ONNX (dynamic height/width), ExecuTorch and CoreML, validated on the image output.
 
 An untrained SwinIR-s with seeded weights: the network's own residual structure keeps its 4x
 output a smooth image, enough to compare pixels. Inputs stay tiny (SwinIR is heavy on a CPU):
 ONNX at 32 px with the validator's dynamic 16 x 32 probe, ExecuTorch at 16 px (2 x 2 windows,
-still shifted and masked).
+still shifted and masked). CoreML converts at 16 px too (about 20 s); it predicts, and so validates,
+on macOS only: elsewhere the report says "not validated" and why.
 """
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from typing import Any
 
@@ -18,7 +20,7 @@ from libreyolo import LibreYOLO
 from libreyolo.errors import ArgumentError
 from tests.test_export_common import FUSED_OR_CUSTOM
 
-ONNX_IMGSZ, PTE_IMGSZ = 32, 16
+ONNX_IMGSZ, PTE_IMGSZ, COREML_IMGSZ = 32, 16, 16
 
 
 @lru_cache(maxsize=1)
@@ -60,6 +62,22 @@ def onnx_dynamic(tmp_path_factory):
 def pte(tmp_path_factory):
     pytest.importorskip("executorch.exir", reason="executorch is not installed (pip install 'libreyolo[executorch]')")
     return _exported(tmp_path_factory, "executorch", ".pte", PTE_IMGSZ)
+
+
+@pytest.fixture(scope="module")
+def coreml_fused_requested(tmp_path_factory):
+    """SwinIR-s with the seeded weights and fused attention switched on, converted to CoreML
+    while every attention call is recorded: the export capture must decline SDPA in every slot."""
+    pytest.importorskip("coremltools", reason="coremltools is not installed (pip install 'libreyolo[coreml]')")
+    from libreyolo.kernels.attention import record_attention
+
+    model = LibreYOLO("LibreSwinIRs.yaml")
+    model.net.load_state_dict(seeded_swinir().net.state_dict())
+    slots = model.set_fused_attention(True)
+    with record_attention() as calls:
+        report = model.export(format="coreml", imgsz=COREML_IMGSZ,
+                              output=tmp_path_factory.mktemp("swinir-coreml") / "s.mlpackage", verbose=False)
+    return report, slots, calls
 
 
 def _same_image(eager: Any, art: Any) -> None:
@@ -114,3 +132,44 @@ def test_a_wrong_model_is_refused(onnx_dynamic):
     opts = ExportOptions("onnx", ONNX_IMGSZ, dynamic=True, dynamic_spatial=True)
     report = validate_artifact(wrong, get_exporter("onnx"), onnx_dynamic.path, opts)
     assert report.status == "failed", report.text()
+
+
+# the ML Program ops of a window transformer with a pixel-shuffle upsampler: no fused attention op
+SWINIR_MIL_OPS = {"add", "const", "conv", "gather", "gelu", "layer_norm", "linear", "matmul", "mul",
+                  "pixel_shuffle", "reshape", "softmax", "split", "squeeze", "sub", "transpose", "concat",
+                  "slice_by_index", "expand_dims", "real_div", "cast"}
+
+
+def test_coreml_attention_is_matmul_softmax_even_when_fused_is_requested(coreml_fused_requested):
+    from libreyolo.export.coreml import mlpackage_ops
+
+    report, slots, calls = coreml_fused_requested
+    assert slots > 0
+    declined = [c for c in calls if c.path == "primitive"]
+    assert len(declined) >= slots and all(c.fused_requested for c in declined), declined
+    assert all("torch.compiler.is_exporting()" in c.declined_by for c in declined)
+    assert report.path.is_dir() and (report.path / "Manifest.json").is_file()
+    ops = mlpackage_ops(report.path)
+    assert {"matmul", "softmax", "pixel_shuffle"} <= ops and ops <= SWINIR_MIL_OPS, sorted(ops - SWINIR_MIL_OPS)
+    assert not [op for op in ops if "attention" in op], sorted(ops)
+
+
+def test_coreml_package_is_image_in_image_out_and_honest_about_validation(coreml_fused_requested):
+    import coremltools as ct
+
+    from libreyolo.runtimes.coreml import read_metadata
+
+    report = coreml_fused_requested[0]
+    spec = ct.models.MLModel(str(report.path), skip_model_load=True).get_spec()
+    (inp,), (out,) = spec.description.input, spec.description.output
+    assert inp.type.WhichOneof("Type") == "imageType"
+    assert (inp.type.imageType.height, inp.type.imageType.width) == (COREML_IMGSZ, COREML_IMGSZ)
+    assert out.name == "image" and list(out.type.multiArrayType.shape) == [1, 3, 4 * COREML_IMGSZ, 4 * COREML_IMGSZ]
+    meta = read_metadata(report.path)
+    assert meta["family"] == "swinir" and meta["task"] == "restore"
+    if sys.platform == "darwin":
+        assert report.validation.status == "passed", report.validation.text()
+    else:
+        assert report.validation.status == "not validated"
+        assert report.validation.headline() == "not validated: CoreML runs only on macOS"
+        assert meta["validation"]["status"] == "not validated"
