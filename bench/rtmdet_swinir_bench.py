@@ -75,7 +75,7 @@ def median_ms(fn):
     return statistics.median(ts)
 def fail(exc):
     return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:600]
-det_img = np.asarray(Image.open(cfg["det_image"]).convert("RGB"))[:, :, ::-1].copy()  # BGR, as numpy callers pass
+det_img = np.asarray(Image.open(cfg["det_image"]).convert("RGB"))[:, :, ::-1].copy()  # BGR (timed calls)
 sr_img = np.asarray(Image.open(cfg["sr_image"]).convert("RGB"))[:, :, ::-1].copy()
 def boxes_of(r):
     r = r[0] if isinstance(r, list) else r
@@ -101,7 +101,9 @@ for size, path in cfg["rtmdet"].items():
         try:
             call = lambda: m(det_img, conf=cfg["conf"], imgsz=cfg["det_imgsz"], cuda_graph=graph)
             got = boxes_of(call())
-            np.save(os.path.join(cfg["dir"], f"peer_rtmdet_{size}_{key}.npy"), got)
+            # agreement: the image file itself, so that no library's array convention is in play
+            from_file = boxes_of(m(cfg["det_image"], conf=cfg["conf"], imgsz=cfg["det_imgsz"], cuda_graph=graph))
+            np.save(os.path.join(cfg["dir"], f"peer_rtmdet_{size}_{key}.npy"), from_file)
             row[key] = {"ms": median_ms(call), "detections": int(got.shape[0])}
         except Exception as exc:
             row[key] = fail(exc)
@@ -210,10 +212,12 @@ def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dic
             key = "cuda_graph" if graph else "eager"
 
             def call(graph=graph, model=model):
-                return model.predict(images["det"], imgsz=args.det_imgsz, conf=args.conf, cuda_graph=graph)
+                return model.predict(images["det_bgr"], imgsz=args.det_imgsz, conf=args.conf, cuda_graph=graph)
 
             got = det_tensor(call())
-            torch.save(got, workdir / f"ours_rtmdet_{size}_{key}.pt")
+            from_file = det_tensor(model.predict(str(workdir / "det.png"), imgsz=args.det_imgsz, conf=args.conf,
+                                                 cuda_graph=graph))
+            torch.save(from_file, workdir / f"ours_rtmdet_{size}_{key}.pt")
             row[f"{key}_ms"] = median_ms(call, args.n, args.warmup, sync)
             row[f"{key}_detections"] = int(got.shape[0])
             if graph:
@@ -253,7 +257,7 @@ def bench_swinir_predict(args, device, sync, workdir: Path, images: dict) -> dic
                 key = f"{tag}_{'cuda_graph' if graph else 'eager'}"
 
                 def call(graph=graph, model=model):
-                    return model.predict(images["sr"], cuda_graph=graph)
+                    return model.predict(images["sr_bgr"], cuda_graph=graph)
 
                 got = call().restored.data.cpu()
                 outs[key] = got
@@ -506,7 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     sr = det.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
     det.save(workdir / "det.png")
     sr.save(workdir / "sr.png")
-    images = {"det": det, "sr": sr}
+    import numpy as np
+
+    # timed calls take what numpy callers pass, a BGR array (the reference's child the same)
+    images = {"det": det, "sr": sr, "det_bgr": np.ascontiguousarray(np.asarray(det)[:, :, ::-1]),
+              "sr_bgr": np.ascontiguousarray(np.asarray(sr)[:, :, ::-1])}
     if "rtmdet" in sections:
         result["rtmdet_predict"] = run.stage("rtmdet_predict", bench_rtmdet_predict, args, device, sync, workdir,
                                              images)
