@@ -17,7 +17,8 @@ loads the same weights from the checkpoint ``model.save()`` writes (its own form
 - ``peer`` (``--peer-python``): the reference's ``LibreRTMDet``/``LibreSwinIR`` built from our
   checkpoints in a child process, same images: ``predict`` eager and ``cuda_graph=True``
   (SwinIR also with its ``set_fused_attention`` on and off, where it has one); its detections
-  and restored pixels are compared with ours.
+  (from the image file, at a ``conf`` that 200 candidates pass: :func:`agreement_conf`) are
+  matched with ours as sets, its restored pixels compared with ours.
 - ``train``: one AMP training step (forward, loss with the assigner, backward, SGD step) of
   RTMDet-t and YOLOv9-t at 640, batch 8, seeded synthetic batches, eager and with the training
   graph; and the parts of the eager step: the network's forward and backward alone (what the
@@ -102,7 +103,8 @@ for size, path in cfg["rtmdet"].items():
             call = lambda: m(det_img, conf=cfg["conf"], imgsz=cfg["det_imgsz"], cuda_graph=graph)
             got = boxes_of(call())
             # agreement: the image file itself, so that no library's array convention is in play
-            from_file = boxes_of(m(cfg["det_image"], conf=cfg["conf"], imgsz=cfg["det_imgsz"], cuda_graph=graph))
+            from_file = boxes_of(m(cfg["det_image"], conf=cfg["agreement_conf"][size], imgsz=cfg["det_imgsz"],
+                                   cuda_graph=graph))
             np.save(os.path.join(cfg["dir"], f"peer_rtmdet_{size}_{key}.npy"), from_file)
             row[key] = {"ms": median_ms(call), "detections": int(got.shape[0])}
         except Exception as exc:
@@ -197,6 +199,20 @@ def det_tensor(res) -> torch.Tensor:
     return torch.cat([b.xyxy.double().cpu(), b.conf.double().cpu()[:, None], b.cls.double().cpu()[:, None]], 1)
 
 
+def agreement_conf(model, imgsz: int, device: torch.device, k: int = 200) -> float:
+    """A score threshold that ``k`` (class, anchor) candidates of the sample pass. Untrained
+    weights score most of the 8400 x 80 candidates alike, so at a low ``conf`` which 300 come out
+    depends on each library's candidate caps (the reference keeps a top-k per level, as
+    mmdetection does) rather than on the network; above this threshold no cap binds."""
+    from libreyolo.graphs.parity import _sample_batch
+
+    with torch.inference_mode():
+        x = _sample_batch(model.family, imgsz, 1, device, torch.float32)
+        preds = model.family.export_outputs(model.net.eval()(x))[0]
+    scores = preds[0, 4:].flatten().float().sort(descending=True).values
+    return float(scores[min(k, scores.numel() - 1)])
+
+
 def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dict:
     from libreyolo.graphs.parity import seeded_model
 
@@ -207,6 +223,7 @@ def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dic
         path = workdir / f"LibreRTMDet{size}.pt"
         model.save(path)
         row = {"imgsz": args.det_imgsz, "batch": 1, "dtype": "fp32", "checkpoint": path.name}
+        row["agreement_conf"] = agreement_conf(model, args.det_imgsz, device)
         eager = None
         for graph in (False, True):
             key = "cuda_graph" if graph else "eager"
@@ -215,8 +232,8 @@ def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dic
                 return model.predict(images["det_bgr"], imgsz=args.det_imgsz, conf=args.conf, cuda_graph=graph)
 
             got = det_tensor(call())
-            from_file = det_tensor(model.predict(str(workdir / "det.png"), imgsz=args.det_imgsz, conf=args.conf,
-                                                 cuda_graph=graph))
+            from_file = det_tensor(model.predict(str(workdir / "det.png"), imgsz=args.det_imgsz,
+                                                 conf=row["agreement_conf"], cuda_graph=graph))
             torch.save(from_file, workdir / f"ours_rtmdet_{size}_{key}.pt")
             row[f"{key}_ms"] = median_ms(call, args.n, args.warmup, sync)
             row[f"{key}_detections"] = int(got.shape[0])
@@ -298,6 +315,7 @@ def run_peer(args, workdir: Path, images: dict, rtmdet: dict, swinir: dict) -> d
     cfg = {"device": args.device, "n": args.n, "warmup": args.warmup, "conf": args.conf, "nc": 80,
            "det_imgsz": args.det_imgsz, "det_image": str(workdir / "det.png"), "sr_image": str(workdir / "sr.png"),
            "dir": str(workdir), "rtmdet": {s: str(workdir / r["checkpoint"]) for s, r in (rtmdet or {}).items()},
+           "agreement_conf": {s: r["agreement_conf"] for s, r in (rtmdet or {}).items()},
            "swinir": {s: str(workdir / r["checkpoint"]) for s, r in (swinir or {}).items()}}
     (workdir / "peer.json").write_text(json.dumps(cfg))
     peer: dict[str, Any] = {"python": args.peer_python}
