@@ -5,8 +5,9 @@ step and the share of it a training graph covers, against the reference library 
         --json bench/results/<date>-rtmdet-swinir-h200.json
     PYTHONPATH=. python3 bench/rtmdet_swinir_bench.py --device cpu --quick   # smoke test, CPU
 
-Weights are seeded and untrained (:func:`libreyolo.graphs.parity.seeded_model`); the reference
-loads the same weights from the checkpoint ``model.save()`` writes (its own format).
+Weights are seeded and untrained (:func:`libreyolo.graphs.parity.seeded_model`; RTMDet's class
+predictors rescaled to unit logit spread, :func:`spread_class_logits`); the reference loads the
+same weights from the checkpoint ``model.save()`` writes (its own format).
 
 - ``predict``: RTMDet-t and -s at 640 (``--rtmdet-sizes``), batch 1, on the bundled sample image,
   fp32: ``model.predict(img)`` eager and with ``cuda_graph=True`` (RTMDet: the pipeline graph,
@@ -199,6 +200,23 @@ def det_tensor(res) -> torch.Tensor:
     return torch.cat([b.xyxy.double().cpu(), b.conf.double().cpu()[:, None], b.cls.double().cpu()[:, None]], 1)
 
 
+def spread_class_logits(model, imgsz: int, device: torch.device) -> float:
+    """Rescale the seeded class predictors so the sample's class logits have unit spread: seeded
+    at unit scale they reach |logit| > 17 and most scores are 1.0 in fp32, ties no comparison
+    of detections can order. Returns the spread it divided by."""
+    from libreyolo.graphs.parity import _sample_batch
+
+    with torch.inference_mode():
+        x = _sample_batch(model.family, imgsz, 1, device, torch.float32)
+        logits = torch.cat([t.flatten() for t in model.net.eval()(x)[0]])
+        std = float(logits.std())
+        for conv in model.net.head.rtm_cls:
+            conv.weight.div_(std)
+            conv.bias.div_(std)
+    model.release_graphs()
+    return std
+
+
 def agreement_conf(model, imgsz: int, device: torch.device, k: int = 200) -> float:
     """A score threshold that ``k`` (class, anchor) candidates of the sample pass. Untrained
     weights score most of the 8400 x 80 candidates alike, so at a low ``conf`` which 300 come out
@@ -219,10 +237,12 @@ def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dic
     rows = {}
     for size in args.rtmdet_sizes:
         model = seeded_model("rtmdet", size, seed=args.seed, device=device)
+        row_spread = spread_class_logits(model, args.det_imgsz, device)
         _emulate_if_cpu(model, device)
         path = workdir / f"LibreRTMDet{size}.pt"
         model.save(path)
         row = {"imgsz": args.det_imgsz, "batch": 1, "dtype": "fp32", "checkpoint": path.name}
+        row["class_logit_std_before_spread"] = row_spread
         row["agreement_conf"] = agreement_conf(model, args.det_imgsz, device)
         eager = None
         for graph in (False, True):
@@ -235,6 +255,7 @@ def bench_rtmdet_predict(args, device, sync, workdir: Path, images: dict) -> dic
             from_file = det_tensor(model.predict(str(workdir / "det.png"), imgsz=args.det_imgsz,
                                                  conf=row["agreement_conf"], cuda_graph=graph))
             torch.save(from_file, workdir / f"ours_rtmdet_{size}_{key}.pt")
+            row[f"{key}_agreement_detections"] = int(from_file.shape[0])
             row[f"{key}_ms"] = median_ms(call, args.n, args.warmup, sync)
             row[f"{key}_detections"] = int(got.shape[0])
             if graph:
