@@ -18,7 +18,7 @@ same weights from the checkpoint ``model.save()`` writes (its own format).
 - ``peer`` (``--peer-python``): the reference's ``LibreRTMDet``/``LibreSwinIR`` built from our
   checkpoints in a child process, same images: ``predict`` eager and ``cuda_graph=True``
   (SwinIR also with its ``set_fused_attention`` on and off, where it has one); its detections
-  (from the image file, at a ``conf`` that 200 candidates pass: :func:`agreement_conf`) are
+  (from the image file, at a ``conf`` that 1000 candidates pass: :func:`agreement_conf`) are
   matched with ours as sets, its restored pixels compared with ours.
 - ``train``: one AMP training step (forward, loss with the assigner, backward, SGD step) of
   RTMDet-t and YOLOv9-t at 640, batch 8, seeded synthetic batches, eager and with the training
@@ -217,7 +217,7 @@ def spread_class_logits(model, imgsz: int, device: torch.device) -> float:
     return std
 
 
-def agreement_conf(model, imgsz: int, device: torch.device, k: int = 200) -> float:
+def agreement_conf(model, imgsz: int, device: torch.device, k: int = 1000) -> float:
     """A score threshold that ``k`` (class, anchor) candidates of the sample pass. Untrained
     weights score most of the 8400 x 80 candidates alike, so at a low ``conf`` which 300 come out
     depends on each library's candidate caps (the reference keeps a top-k per level, as
