@@ -219,3 +219,18 @@ def test_cli_val_prints_the_metrics(sr_model, hr_folder, tmp_path, capsys):
     assert main(["val", f"model={path}", f"data={hr_folder}", "batch=3", "workers=0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"PSNR_Y", "SSIM_Y", "PSNR_RGB", "SSIM_RGB"}
+
+
+def test_the_kernels_design_example_line_switches_swinir_attention(sr_model, tmp_path):
+    """``model = LibreYOLO("LibreSwinIRs.pt"); print(set_fused_attention(model))``: on the LibreYOLO
+    object (and on model.net), the number of attention modules; enabled=False restores manual."""
+    from libreyolo import set_fused_attention
+
+    path = sr_model.save(tmp_path / "LibreSwinIRs.pt")
+    model = LibreYOLO(path)
+    blocks = [m for m in model.net.modules() if type(m).__name__ == "SwinIRAttention"]
+    assert blocks and all(m.fused_attn is False for m in blocks)  # manual by default (rule 2: not byte-exact)
+    assert set_fused_attention(model) == len(blocks)
+    assert all(m.fused_attn is True for m in blocks)
+    assert set_fused_attention(model.net, enabled=False) == len(blocks)
+    assert all(m.fused_attn is False for m in blocks)
