@@ -105,14 +105,15 @@ def entropy_threshold(hist: torch.Tensor | np.ndarray, bin_width: float, levels:
     nz = np.concatenate([[0.0], (h > 0).cumsum(dtype=np.float64)])
     with np.errstate(divide="ignore", invalid="ignore"):
         hlogh = np.concatenate([[0.0], np.where(h > 0, h * np.log(h), 0.0).cumsum()])
-        s = c[edges[:, 1:]] - c[edges[:, :-1]]  # Q's mass per group
-        cnt = nz[edges[:, 1:]] - nz[edges[:, :-1]]  # non-empty bins per group
+        s = np.diff(c[edges], axis=1)  # Q's mass per group
+        cnt = np.diff(nz[edges], axis=1)  # non-empty bins per group
         ci = c[i]
-        q_log = np.where(cnt > 0, np.log(s / cnt / ci[:, None]), 0.0)  # log q of a non-empty bin of the group
+        # sum over a group's non-empty bins of p log q = s * log(s / cnt / ci); 0 for an empty group
+        q_log = np.log(np.where(cnt > 0, s / np.maximum(cnt, 1.0), 1.0)) - np.log(ci)[:, None]
         outliers = total - ci
         p_last = h[i - 1] + outliers
         sum_p_logp = hlogh[i - 1] + np.where(p_last > 0, p_last * np.log(p_last), 0.0)
-        sum_p_logq = (np.where(cnt > 0, s * q_log, 0.0)).sum(1) + outliers * q_log[:, -1]
+        sum_p_logq = np.einsum("kg,kg->k", s, q_log) + outliers * q_log[:, -1]
         kl = (sum_p_logp - sum_p_logq) / total - math.log(total)
     # outlier mass put into an empty last bin has no Q mass under it: infinite divergence
     kl = np.where((h[i - 1] == 0) & (outliers > 0), np.inf, kl)
