@@ -263,3 +263,13 @@ def test_cli_quantize_writes_a_quantized_checkpoint(data, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "samples" in err[0]
 
+
+
+def test_weight_scales_stay_float32_in_a_float16_copy(data):
+    model = _detector().quantize(data=data, samples=2)
+    half = model.inference_module(dtype=torch.float16)
+    name = model.quant_info()["layers"][0]
+    layer = half.get_submodule(name)
+    assert layer.weight.dtype == torch.float16
+    assert layer.quant_weight_scale.dtype == torch.float32
+    assert torch.equal(layer.quant_weight_scale, model.net.get_submodule(name).quant_weight_scale)

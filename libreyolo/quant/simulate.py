@@ -44,8 +44,18 @@ class _Simulated:
     quant_input: InputQuant
     quant_weight_scale: torch.Tensor
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        # the scales are calibration constants: they follow the weight's device but stay float32
+        # (a float16 inference copy would otherwise round them, and flush the tiny ones to zero)
+        scale = self._buffers.pop("quant_weight_scale")
+        try:
+            result = super()._apply(fn, recurse)
+        finally:
+            self._buffers["quant_weight_scale"] = scale.to(self.weight.device, torch.float32)
+        return result
+
     def _quantized_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, ws = self.quant_input, self.quant_weight_scale.float()
+        q, ws = self.quant_input, self.quant_weight_scale
         if self.quant_recipe == "fp8":
             return (kernels.call("fake_quant_fp8", x, q.input_scale),
                     kernels.call("fake_quant_fp8", self.weight, ws.reshape(())))
