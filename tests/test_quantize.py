@@ -273,3 +273,33 @@ def test_weight_scales_stay_float32_in_a_float16_copy(data):
     assert layer.weight.dtype == torch.float16
     assert layer.quant_weight_scale.dtype == torch.float32
     assert torch.equal(layer.quant_weight_scale, model.net.get_submodule(name).quant_weight_scale)
+
+
+@pytest.mark.parametrize("arch", ["LibreYOLO9t.yaml", "LibreYOLOXn.yaml", "LibreViTti-cls.yaml",
+                                  "LibreDeiTt-cls.yaml", "LibreRTMDett.yaml", "LibreSwint-cls.yaml",
+                                  "LibreSegformerb0-sem.yaml", "LibreRTDETRr18.yaml", "LibreDFINEn.yaml"])
+def test_every_declared_exclusion_names_a_layer(arch):
+    """A family's quant_exclude globs must each match a Conv2d/Linear (a renamed layer would silently
+    be quantized otherwise)."""
+    model = LibreYOLO(arch)
+    layers = [n for n, m in model.net.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert model.family.quant_exclude
+    for pattern in model.family.quant_exclude:
+        assert any(fnmatch.fnmatchcase(n, pattern) for n in layers), pattern
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("schema", 2, "schema 2"), ("input_scale", float("nan"), "input scale"), ("input_zero_point", 300, "zero point"),
+])
+def test_a_damaged_quantization_entry_is_refused_on_load(data, tmp_path, field, value, says):
+    from libreyolo.errors import CheckpointError
+
+    path = _detector().quantize(data=data, samples=2).save(tmp_path / "q.pt")
+    ckpt = torch.load(path, weights_only=True)
+    if field == "schema":
+        ckpt["quantization"]["schema"] = value
+    else:
+        next(iter(ckpt["quantization"]["layers"].values()))[field] = value
+    torch.save(ckpt, path)
+    with pytest.raises(CheckpointError, match=says):
+        LibreYOLO(path)

@@ -15,6 +15,7 @@ simulation only (no kernel runs FP8 here).
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,9 +175,16 @@ def from_entry(net: nn.Module, entry: Any, where: str) -> dict[str, Any]:
             raise CheckpointError(f"{where}: quantized layer {name!r} is not a Conv2d/Linear of this network")
         ws = spec.get("weight_scale") if isinstance(spec, dict) else None
         want = 1 if recipe == "fp8" else module.weight.shape[0]
-        if not isinstance(ws, torch.Tensor) or ws.numel() != want or not bool((ws > 0).all()):
+        if (not isinstance(ws, torch.Tensor) or not ws.is_floating_point() or ws.numel() != want
+                or not bool((ws > 0).all()) or not bool(ws.isfinite().all())):
             raise CheckpointError(f"{where}: layer {name!r} needs {want} positive weight scale(s)")
-        apply(module, recipe, InputQuant(float(spec["input_scale"]), int(spec["input_zero_point"])),
-              ws.float().reshape(want))
+        scale, zero_point = spec.get("input_scale"), spec.get("input_zero_point")
+        if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise CheckpointError(f"{where}: layer {name!r} has input scale {scale!r}; it must be a positive number")
+        low, high = INT8_AFFINE_RANGE
+        if not isinstance(zero_point, int) or not low <= zero_point <= high:
+            raise CheckpointError(f"{where}: layer {name!r} has input zero point {zero_point!r}; it must be an "
+                                  f"integer from {int(low)} to {int(high)}")
+        apply(module, recipe, InputQuant(float(scale), zero_point), ws.float().reshape(want))
     excluded = {e["name"]: e["reason"] for e in entry.get("excluded", []) if isinstance(e, dict)}
     return {"recipe": recipe, "method": entry.get("method"), "samples": entry.get("samples"), "excluded": excluded}
