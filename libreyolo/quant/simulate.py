@@ -42,25 +42,27 @@ class _Simulated:
     """Mixed into nn.Conv2d / nn.Linear by :func:`apply`; ``_float_forward(x, w)`` is the layer's op."""
 
     quant_recipe: str
-    quant_input: InputQuant
-    quant_weight_scale: torch.Tensor
+    quant_weight_scale: torch.Tensor  # (out_channels,) int8, (1,) fp8
+    quant_input_scale: torch.Tensor  # 0-dim tensors, so that no host value is copied per call
+    quant_input_zero_point: torch.Tensor  # (a CUDA graph could not capture that copy)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         # the scales are calibration constants: they follow the weight's device but stay float32
         # (a float16 inference copy would otherwise round them, and flush the tiny ones to zero)
-        scale = self._buffers.pop("quant_weight_scale")
+        kept = {k: self._buffers.pop(k) for k in _QUANT_BUFFERS}
         try:
             result = super()._apply(fn, recurse)
         finally:
-            self._buffers["quant_weight_scale"] = scale.to(self.weight.device, torch.float32)
+            for k, v in kept.items():
+                self._buffers[k] = v.to(self.weight.device, torch.float32)
         return result
 
     def _quantized_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, ws = self.quant_input, self.quant_weight_scale
+        ws, xs = self.quant_weight_scale, self.quant_input_scale
         if self.quant_recipe == "fp8":
-            return (kernels.call("fake_quant_fp8", x, q.input_scale),
+            return (kernels.call("fake_quant_fp8", x, xs),
                     kernels.call("fake_quant_fp8", self.weight, ws.reshape(())))
-        return (kernels.call("fake_quant_int8_affine", x, q.input_scale, q.input_zero_point),
+        return (kernels.call("fake_quant_int8_affine", x, xs, self.quant_input_zero_point),
                 kernels.call("fake_quant_int8_per_channel", self.weight, ws, 0))
 
 
@@ -76,6 +78,7 @@ class QuantLinear(_Simulated, nn.Linear):
         return F.linear(x, w, self.bias)
 
 
+_QUANT_BUFFERS = ("quant_weight_scale", "quant_input_scale", "quant_input_zero_point")
 _SIMULATED = {nn.Conv2d: QuantConv2d, nn.Linear: QuantLinear}
 _FLOAT = {v: k for k, v in _SIMULATED.items()}
 
@@ -128,8 +131,10 @@ def apply(module: nn.Module, recipe: str, inputs: InputQuant, w_scale: torch.Ten
     """Make ``module`` (a plain Conv2d/Linear) a simulated layer, in place."""
     module.__class__ = _SIMULATED[type(module)]
     module.quant_recipe = recipe
-    module.quant_input = inputs
-    module.register_buffer("quant_weight_scale", w_scale.to(module.weight.device), persistent=False)
+    device = module.weight.device
+    values = (w_scale, torch.tensor(inputs.input_scale), torch.tensor(float(inputs.input_zero_point)))
+    for name, value in zip(_QUANT_BUFFERS, values, strict=True):
+        module.register_buffer(name, value.to(device, torch.float32), persistent=False)
 
 
 def remove(net: nn.Module) -> int:
@@ -138,8 +143,9 @@ def remove(net: nn.Module) -> int:
     for module in net.modules():
         if type(module) in _FLOAT:
             module.__class__ = _FLOAT[type(module)]
-            del module._buffers["quant_weight_scale"]
-            del module.quant_recipe, module.quant_input
+            for name in _QUANT_BUFFERS:
+                del module._buffers[name]
+            del module.quant_recipe
             count += 1
     return count
 
@@ -152,8 +158,8 @@ def simulated_layers(net: nn.Module) -> dict[str, nn.Module]:
 def to_entry(net: nn.Module, info: dict[str, Any]) -> dict[str, Any]:
     """The versioned ``quantization`` entry of a checkpoint (README, Quantization)."""
     layers = {n: {"weight_scale": m.quant_weight_scale.detach().to("cpu", torch.float32, copy=True),
-                  "input_scale": float(m.quant_input.input_scale),
-                  "input_zero_point": int(m.quant_input.input_zero_point)}
+                  "input_scale": float(m.quant_input_scale),
+                  "input_zero_point": int(m.quant_input_zero_point)}
               for n, m in simulated_layers(net).items()}
     return {"schema": SCHEMA, "recipe": info["recipe"], "method": info["method"], "samples": int(info["samples"]),
             "layers": layers, "excluded": [{"name": n, "reason": r} for n, r in info["excluded"].items()]}
