@@ -4,8 +4,9 @@ A quantized layer keeps its float weight untouched; its class is switched to a s
 forward fake-quantizes the input and the weight (through the kernel registry, so the fastest
 implementation proven equal to :mod:`libreyolo.quant.fake_quant` runs) before the float
 convolution or matmul. Switching the class back (:func:`remove`) gives the float layer again,
-bit for bit. State-dict keys do not change: the scales are non-persistent buffers and
-attributes, saved in the checkpoint's own ``quantization`` entry (:func:`to_entry`).
+bit for bit. State-dict keys do not change: the scales and zero points are non-persistent
+float32 buffers (they follow the weight's device but never its dtype), saved in the
+checkpoint's own ``quantization`` entry (:func:`to_entry`).
 
 Recipes: ``int8``: weights symmetric int8 per output channel (``scale = max|w_c| / 127``),
 inputs affine int8 per tensor (``scale = (high - low) / 255``, ``zero_point = round(-128 -
