@@ -13,6 +13,7 @@ from libreyolo.engine.options import BENCH_OPTIONS, PREDICT_OPTIONS
 from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
 from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
+from libreyolo.quant.options import QUANT_OPTIONS
 from libreyolo.tasks import all_task_options
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
@@ -267,6 +268,37 @@ def cmd_compare(args: dict[str, Any]) -> int:
     return 0 if report.passed else 1
 
 
+QUANTIZE_OPTS: dict[str, Opt] = {
+    "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml) to quantize"),
+    **QUANT_OPTIONS,
+    "exclude": Opt(str, None, "comma list of module-name globs kept in float (added to the family's defaults)"),
+    "output": Opt(str, None, "where to write the quantized checkpoint (default: <model stem>-<recipe>.pt here)"),
+    "device": PREDICT_OPTIONS["device"],
+}
+
+
+def cmd_quantize(args: dict[str, Any]) -> int:
+    import json
+    from pathlib import Path
+
+    from libreyolo import LibreYOLO
+
+    if not args["model"] or not args["data"]:
+        raise UsageError("quantize needs model=<checkpoint|architecture> and data=<dataset YAML or image folder>")
+    output = Path(args["output"] or f"{Path(args['model']).stem}-{args['recipe']}.pt").expanduser()
+    if not output.absolute().parent.is_dir():
+        raise UsageError(f"output: the folder of {output} does not exist; create it or choose another output=")
+    exclude = [p.strip() for p in args["exclude"].split(",") if p.strip()] if args["exclude"] else None
+    model = LibreYOLO(args["model"], device=args["device"])
+    model.quantize(recipe=args["recipe"], data=args["data"], samples=args["samples"], method=args["method"],
+                   exclude=exclude)
+    info = model.quant_info()
+    path = model.save(output)
+    print(json.dumps({"output": path, **{k: info[k] for k in ("recipe", "method", "samples", "count")},
+                      "excluded": info["excluded"]}, indent=1))
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
     "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
@@ -274,6 +306,7 @@ COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]]
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
     "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM)."),
     "compare": (cmd_compare, COMPARE_OPTS, "Re-validate an artifact against a checkpoint (exit 0: match)."),
+    "quantize": (cmd_quantize, QUANTIZE_OPTS, "Calibrate simulated INT8/FP8 and write the quantized checkpoint."),
 }
 
 

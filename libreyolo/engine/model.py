@@ -14,6 +14,7 @@ from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
 from libreyolo.engine.pipeline import PipelineGraphs
 from libreyolo.engine.predictor import Predictor
+from libreyolo.engine.quantized import Quantizable
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
 
@@ -21,7 +22,7 @@ _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly o
 _GRAPHS = "graphs"  # the name a copy's GraphRunner is attached under (docs/inference.md)
 
 
-class Model(PipelineGraphs, Predictor):
+class Model(Quantizable, PipelineGraphs, Predictor):
     """An eager model. Build with :func:`libreyolo.LibreYOLO`."""
 
     def __init__(self, family: Family, size: str, *, nc: int, names: dict[int, str], imgsz: int,
@@ -51,8 +52,11 @@ class Model(PipelineGraphs, Predictor):
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device | None = None) -> Model:
-        return cls(ckpt.family, ckpt.size, nc=ckpt.nc, names=ckpt.names, imgsz=ckpt.imgsz,
-                   state_dict=ckpt.state_dict, source=ckpt.path, device=device)
+        model = cls(ckpt.family, ckpt.size, nc=ckpt.nc, names=ckpt.names, imgsz=ckpt.imgsz,
+                    state_dict=ckpt.state_dict, source=ckpt.path, device=device)
+        if ckpt.meta.get("quantization") is not None:  # a quantized save (README, Quantization)
+            model._restore_quantization(ckpt.meta["quantization"], ckpt.path or "checkpoint")
+        return model
 
     # --- device and precision ----------------------------------------------------------------
     @property
@@ -342,9 +346,12 @@ class Model(PipelineGraphs, Predictor):
         return switched
 
     def save(self, path: str | Path) -> str:
-        """Write a reference-format (schema 1.0) checkpoint atomically."""
+        """Write a reference-format (schema 1.0) checkpoint atomically. A quantized model's float
+        weights go under the usual keys, its scales in a ``quantization`` entry (README, Quantization)."""
+        entry = self._quant_entry()
         return str(save_checkpoint(path, self.net, family=self.family, size=self.size, nc=self.nc,
-                                   names=self.names, imgsz=self.imgsz))
+                                   names=self.names, imgsz=self.imgsz,
+                                   extra=None if entry is None else {"quantization": entry}))
 
     def train(self, **kwargs: Any) -> dict[str, Any]:
         """Train on a dataset: ``model.train(data="data.yaml", epochs=100, imgsz=640, batch=16)``.
@@ -355,6 +362,8 @@ class Model(PipelineGraphs, Predictor):
         """
         from libreyolo.train.trainer import train
 
+        if self.is_quantized:
+            raise ArgumentError("training a quantized model is not supported yet; call model.dequantize() first")
         summary = train(self, **kwargs)
         self._train_graph = summary.get("graph")
         return summary
@@ -389,6 +398,9 @@ class Model(PipelineGraphs, Predictor):
         """
         from libreyolo.export import export
 
+        if self.is_quantized:
+            raise ArgumentError("exporting a quantized model is not built yet (INT8 artifacts are future work); "
+                                "export the float model: model.dequantize().export(...)")
         return export(self, format, **opts)
 
     def info(self) -> dict[str, Any]:

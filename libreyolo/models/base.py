@@ -120,6 +120,10 @@ class Family:
     # families marks invalid anchors with inf): the finite-weights check of checkpoint loading
     # skips their infinities (NaN is never accepted)
     infinite_ok_keys: ClassVar[tuple[str, ...]] = ()
+    # quantization (model.quantize()): module-name globs (fnmatch, over ``net.named_modules()``)
+    # of Conv2d/Linear layers kept in float by default: the final class/box prediction layers,
+    # whose outputs are compared against thresholds and decoded, lose the most from int8
+    quant_exclude: ClassVar[tuple[str, ...]] = ()
 
     # --- network ---------------------------------------------------------------------
     def build(self, size: str, nc: int) -> nn.Module:

@@ -31,6 +31,7 @@ class DeiT(ClassifyFamily):
     sizes = tuple(DEIT_SIZES)
     default_size = "t"
     filename_pattern = r"LibreDeiT(?P<size>[tsb])-cls"
+    quant_exclude = ("head",)  # the class logits; attention scores are matmuls, not layers, and stay float
     crop_pct = 0.9  # ImageNet mean/std (the ClassifyFamily default), bicubic resize
     SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-graph-parity-*)
 

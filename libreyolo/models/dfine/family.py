@@ -25,6 +25,12 @@ class DFINEFamily(Family):
     default_imgsz = 640
     stride = 32
     filename_pattern = r"LibreDFINE(?P<size>[nsmlx])"
+    # the score and box heads (encoder and decoder), and the deformable attention's score path
+    # (attention weights and sampling offsets are Linear layers here)
+    quant_exclude = ("decoder.enc_score_head", "decoder.enc_bbox_head.*", "decoder.dec_score_head.*",
+                     "decoder.dec_bbox_head.*", "decoder.decoder.layers.*.cross_attn.attention_weights",
+                     "decoder.decoder.layers.*.cross_attn.sampling_offsets",
+                     "decoder.pre_bbox_head.*", "decoder.decoder.lqe_layers.*")
     export = DETR_EXPORT
     nc_key = "decoder.enc_score_head.bias"
     infinite_ok_keys = ("decoder.anchors",)  # invalid anchors are +inf in reference checkpoints

@@ -44,6 +44,11 @@ class RTDETRFamily(Family):
     default_imgsz = 640
     stride = 32
     filename_pattern = r"LibreRTDETR-?(?P<size>r18|r34|r50)"
+    # the score and box heads (encoder and decoder), and the deformable attention's score path
+    # (attention weights and sampling offsets are Linear layers here)
+    quant_exclude = ("decoder.enc_score_head", "decoder.enc_bbox_head.*", "decoder.dec_score_head.*",
+                     "decoder.dec_bbox_head.*", "decoder.decoder.layers.*.cross_attn.attention_weights",
+                     "decoder.decoder.layers.*.cross_attn.sampling_offsets")
     export = DETR_EXPORT
     nc_key = "decoder.enc_score_head.bias"
     training = "libreyolo.train.loss.detr:DetrLoss"  # Hungarian matching, denoising groups, VFL + L1 + GIoU

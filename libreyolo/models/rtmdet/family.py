@@ -87,6 +87,7 @@ class RTMDetFamily(DenseDetectFamily):
     default_imgsz = 640  # the reference's input size for every size
     stride = 32
     filename_pattern = r"LibreRTMDet(?P<size>[tsmlx])"
+    quant_exclude = ("head.rtm_cls.*", "head.rtm_reg.*")  # the final class and box convolutions
     export = ExportContract(
         input_name="images",
         input_color="BGR",

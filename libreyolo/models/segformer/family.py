@@ -20,6 +20,7 @@ class SegFormerFamily(SemanticFamily):
     default_size = "b0"
     stride = 32  # four patch embeddings: 4 x 2 x 2 x 2
     filename_pattern = r"LibreSegformer(?P<size>b[0-5])-sem"
+    quant_exclude = ("decode_head.classifier",)  # the per-pixel class logits
     nc_key = "decode_head.classifier.bias"
     # H200 graph parity matrix: every size b0-b5, fp32 and fp16, every check bit for bit
     # (bench/results/2026-12-02-graph-parity-segformer-h200.*). No whole-pipeline graph: the class

@@ -21,6 +21,7 @@ class Swin(ClassifyFamily):
     default_size = "t"
     stride = 32  # 4x4 patches, then three 2x2 merges
     filename_pattern = r"LibreSwin(?P<size>[tsb])-cls"
+    quant_exclude = ("head.fc",)  # the class logits; window-attention scores are matmuls and stay float
     crop_pct = 0.9  # ImageNet mean/std (the ClassifyFamily default), bicubic resize
     fixed_imgsz = 224
     fixed_imgsz_reason = "which blocks shift their windows is laid out for 224 px"

@@ -14,6 +14,7 @@ class ViT(ClassifyFamily):
     sizes = tuple(VIT_SIZES)
     default_size = "ti"
     filename_pattern = r"LibreViT(?P<size>ti|s|b|l)-cls"
+    quant_exclude = ("head",)  # the class logits; attention scores are matmuls, not layers, and stay float
     # the reference evaluates its ViTs with Inception-style normalisation and a 0.9 crop
     crop_pct = 0.9
     mean = (0.5, 0.5, 0.5)

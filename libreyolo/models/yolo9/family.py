@@ -35,6 +35,9 @@ class Yolo9(DenseDetectFamily):
     train_capture = "network"  # the whole forward and backward is one training graph
     SUPPORTS_PIPELINE_GRAPH = True  # verified by the pipeline rows of the same matrix (tests/test_graphs_gpu.py)
     nc_key = "head.cv3.0.2.bias"  # the first level's class conv: one output per class
+    # the last conv of each level's box (cv2: DFL logits) and class (cv3) branch; DFL itself (softmax
+    # and expectation in decode_dfl) has no Conv/Linear and stays float
+    quant_exclude = ("head.cv2.*.2", "head.cv3.*.2")
 
     def build(self, size: str, nc: int) -> nn.Module:
         return YOLOv9(size, nc)

@@ -54,6 +54,7 @@ class Yolox(DenseDetectFamily):
     # some past 11 and the boxes past fp16's 65504
     parity_seed_gains = {"head.reg_preds.": 0.02}
     nc_key = "head.cls_preds.0.bias"  # the first level's class conv: one output per class
+    quant_exclude = ("head.cls_preds.*", "head.reg_preds.*", "head.obj_preds.*")  # the final 1x1 predictions
     training = "libreyolo.train.loss.yolox:YoloxLoss"  # SimOTA assignment, IoU, objectness and class BCE
     training_items = ("iou_loss", "obj_loss", "cls_loss")
     train_capture = "network"  # the whole forward and backward is one training graph
