@@ -39,7 +39,6 @@ import json
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +50,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from peer_child import run_peer_child  # noqa: E402
 
 PEER = r'''
 import json, os, statistics, sys, time
@@ -339,24 +341,7 @@ def run_peer(args, workdir: Path, images: dict, rtmdet: dict, swinir: dict) -> d
            "agreement_conf": {s: r["agreement_conf"] for s, r in (rtmdet or {}).items()},
            "swinir": {s: str(workdir / r["checkpoint"]) for s, r in (swinir or {}).items()}}
     (workdir / "peer.json").write_text(json.dumps(cfg))
-    peer: dict[str, Any] = {"python": args.peer_python}
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run([args.peer_python, "-c", PEER, str(workdir / "peer.json")], capture_output=True,
-                              text=True, cwd=str(workdir), timeout=args.peer_timeout)
-        stdout, stderr, peer["rc"] = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        peer["rc"] = f"timed out after {args.peer_timeout} s"
-    peer["wall_s"] = round(time.perf_counter() - t0, 1)
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("PEER_JSON ")]
-    if lines:
-        peer.update(json.loads(lines[-1][len("PEER_JSON "):]))
-    else:
-        peer["error"] = "no PEER_JSON line"
-    if not lines or peer.get("rc") != 0:
-        peer["stderr_tail"] = stderr[-3000:]
+    peer = run_peer_child(args.peer_python, PEER, workdir / "peer.json", workdir, args.peer_timeout)
     import numpy as np
 
     # agreement with ours: detections as sorted rows (the reference's boxes against our eager ones)

@@ -41,7 +41,6 @@ import json
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +51,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peer_child import run_peer_child  # noqa: E402
 
 FAMILY = "segformer"
 
@@ -353,24 +355,7 @@ def run_peer(args, run: Run, specs: dict, batches: list[int], ours_masks: dict, 
            "sizes": specs}
     cfg_path = workdir / "peer_cfg.json"
     cfg_path.write_text(json.dumps(cfg))
-    peer: dict = {"python": args.peer_python, "timeout_s": args.peer_timeout}
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run([args.peer_python, "-c", PEER, str(cfg_path)], capture_output=True, text=True,
-                              cwd=str(workdir), timeout=args.peer_timeout)
-        stdout, stderr, peer["rc"] = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        peer["rc"] = f"timed out after {args.peer_timeout} s"
-    peer["wall_s"] = round(time.perf_counter() - t0, 1)
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("PEER_JSON ")]
-    if lines:
-        peer.update(json.loads(lines[-1][len("PEER_JSON "):]))
-    else:
-        peer["error"] = "no PEER_JSON line"
-    if not lines or peer.get("rc") != 0:
-        peer["stderr_tail"] = stderr[-3000:]
+    peer = run_peer_child(args.peer_python, PEER, cfg_path, workdir, args.peer_timeout)
     # pixel agreement of the reference's argmax maps with ours (eager, fp32)
     import numpy as np
 
