@@ -392,15 +392,13 @@ class Model(Quantizable, PipelineGraphs, Predictor):
 
     def export(self, format: str = "onnx", **opts: Any):  # noqa: A002 - the name users know
         """Export to ``onnx``/``executorch``/``coreml``/``tensorrt``, validated against this model.
+        ``int8=True, data=...`` (or a quantized model) writes an INT8 artifact (README, Quantization).
 
         Returns an :class:`~libreyolo.export.ExportReport` (``str(report)`` is the artifact path).
         Options: see :func:`libreyolo.export.export` and docs/export.md.
         """
         from libreyolo.export import export
 
-        if self.is_quantized:
-            raise ArgumentError("exporting a quantized model is not built yet (INT8 artifacts are future work); "
-                                "export the float model: model.dequantize().export(...)")
         return export(self, format, **opts)
 
     def info(self) -> dict[str, Any]:

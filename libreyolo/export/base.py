@@ -46,16 +46,21 @@ class ExportOptions:
     dynamic_spatial: bool = False   # dynamic height/width too (contract and format allow it)
     device_explicit: bool = False   # the user named the device
     autotune: bool = False          # AOTInductor on CUDA: Inductor max_autotune (longer compile)
+    int8: bool = False              # an INT8 artifact (libreyolo.export.int8)
+    data: str | None = None         # int8: calibration and accuracy-gate dataset
+    max_drop: float = 0.02          # int8: the accuracy gate's largest allowed metric drop
+    calibration: Any = None         # int8: the Int8Plan (quantized eager model, calibration batches)
 
     @property
     def precision(self) -> str:
-        return "fp16" if self.half else "fp32"
+        return "int8" if self.int8 else ("fp16" if self.half else "fp32")
 
     def as_metadata(self) -> dict[str, Any]:
         return {"imgsz": self.imgsz, "batch": self.batch, "dynamic": self.dynamic, "half": self.half,
                 "opset": self.opset, "simplify": self.simplify, "nms": self.nms is not None,
                 "device": str(self.device), "workspace": self.workspace, "validate": self.validate,
-                **({"autotune": True} if self.autotune else {})}
+                **({"autotune": True} if self.autotune else {}),
+                **({"int8": True, "max_drop": self.max_drop} if self.int8 else {})}
 
 
 class Exporter:
@@ -74,6 +79,9 @@ class Exporter:
     onnx_options: ClassVar[bool] = False     # does opset/simplify apply
     workspace_option: ClassVar[bool] = False
     autotune_option: ClassVar[bool] = False  # does autotune apply
+    # INT8: "no"; "qdq": the graph of quantize()'s simulated layers (libreyolo.quant.qdq) is exported;
+    # "own": the float graph is exported and the format's toolchain quantizes it from the calibration data
+    int8_mode: ClassVar[str] = "no"
 
     def check(self, opts: ExportOptions) -> None:
         """Format-specific argument checks, before anything is built."""

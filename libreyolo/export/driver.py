@@ -38,7 +38,8 @@ def _flag(name: str, value: Any) -> bool:
 
 def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic: Any, half: Any, opset: Any,
              simplify: Any, nms: Any, device: Any, workspace: Any, validate: Any,
-             require_validation: Any, autotune: Any = False) -> ExportOptions:
+             require_validation: Any, autotune: Any = False, int8: Any = False, data: Any = None,
+             max_drop: Any = None) -> ExportOptions:
     fmt = exporter.name
     imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
     batch = check_batch(batch, "", ArgumentError)
@@ -75,6 +76,20 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
         elif nms is not True:
             raise ArgumentError(f"nms must be True, False or a dict of {sorted(NMS_DEFAULTS)}, got {nms!r}")
     dev = resolve_device(device) if device is not None else model.device
+    int8 = _flag("int8", int8) or model.is_quantized  # a quantized model's artifact is its INT8 one
+    if not int8 and (data is not None or max_drop is not None):
+        raise ArgumentError("data= and max_drop= apply to INT8 exports only; pass int8=True (or drop them)")
+    if int8:
+        why = "the model is quantized (model.quantize()), so its artifact is INT8; " if model.is_quantized else ""
+        if exporter.int8_mode == "no":
+            raise ArgumentError(f"{why}int8=True is not supported for format={fmt}; INT8 artifacts: onnx, "
+                                "executorch, coreml, tensorrt" + ("; or export the float model: "
+                                                                  "model.dequantize().export(...)" if why else ""))
+        if half:
+            raise ArgumentError(f"{why}int8=True and half=True exclude each other; pass one of them")
+        if data is None or data == "":
+            raise ArgumentError(f"{why}int8=True needs data=: a dataset (YAML, or a classification folder) whose "
+                                "train split calibrates the activations and whose val split gates the accuracy")
     if half and exporter.half == "no":
         raise ArgumentError(f"half=True is not supported for format={fmt}; export in float32")
     if half and exporter.half == "cuda" and dev.type != "cuda":
@@ -83,7 +98,9 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
     opts = ExportOptions(fmt, imgsz, batch, dynamic, half, opset, simplify, nms_params, dev, workspace,
                          validate, require_validation,
                          dynamic_spatial=dynamic and contract.dynamic_spatial and exporter.dynamic_spatial,
-                         device_explicit=device is not None, autotune=autotune)
+                         device_explicit=device is not None, autotune=autotune, int8=int8,
+                         data=None if data is None else str(data),
+                         max_drop=0.02 if max_drop is None else float(max_drop))
     exporter.check(opts)
     return opts
 
@@ -181,18 +198,53 @@ def _install(exporter: Exporter, built: Path, final: Path) -> None:
         raise
 
 
+def _int8_checks(exporter: Exporter, built: Path, opts: ExportOptions, report: ValidationReport) -> dict | None:
+    """An INT8 artifact's distance from the float model and its accuracy gate (None: it cannot run here)."""
+    import importlib
+
+    from libreyolo.export import int8 as int8_export
+
+    if report.status in ("failed", "skipped") or exporter.not_validated_reason(opts):
+        if report.status != "failed":
+            report.notes.append("INT8 accuracy gate: not run (the artifact cannot run here, or validate=False); "
+                                "not validated here")
+        return None
+    plan = opts.calibration
+    if exporter.int8_mode == "qdq":
+        check = int8_export.check_parameters(plan, exporter, built)
+        report.checks.append(check)
+        if not check["passed"]:
+            report.status = "failed"
+            return None
+    runtime = importlib.import_module(f"libreyolo.runtimes.{exporter.runtime}").load(built, device=opts.device)
+    distance = int8_export.float_distance(plan, runtime, opts.imgsz)
+    report.notes.append("compared with the quantized eager model (" + plan.describe()["calibrated"] + ", "
+                        f"{plan.describe()['method']} on {plan.describe()['samples']} image(s) of {plan.origin}); "
+                        "distance from the float model on the sample image: " + ", ".join(
+                            f"{k} max |diff| {v['max_abs']:.3g} of {v['float_max_abs']:.3g}, cosine {v['cosine']:.5f}"
+                            for k, v in distance.items()))
+    result = int8_export.gate(plan, runtime, opts.data, opts.imgsz, opts.max_drop)
+    result["distance_from_float"] = distance
+    report.extra_lines.append(int8_export.gate_line(result))
+    return result
+
+
 def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch: int = 1,  # noqa: A002
            dynamic: bool = False, half: bool = False, opset: int | None = None, simplify: bool = False,
            nms: bool | dict[str, Any] = False, device: str | torch.device | None = None,
            output: str | Path | None = None, name: str | None = None, workspace: float | None = None,
            validate: bool = True, require_validation: bool = False, verbose: bool = True,
-           autotune: bool = False) -> ExportReport:
+           autotune: bool = False, int8: bool = False, data: str | Path | None = None,
+           max_drop: float | None = None) -> ExportReport:
     """Export an eager model to an artifact, validate it against eager, and install it atomically.
 
     ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt`` or ``aoti`` (AOTInductor ``.pt2``;
     ``autotune=True`` tunes its CUDA kernels). ``imgsz`` defaults to the
     model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``, ``max_det``)
-    embeds NMS. ``validate=False`` skips the comparison with eager (with a loud warning);
+    embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
+    on data's train split), validated against the quantized eager model and refused when its
+    accuracy on data's val split drops by more than ``max_drop`` (default 0.02;
+    :mod:`libreyolo.export.int8`). ``validate=False`` skips the comparison with eager (with a loud warning);
     ``require_validation=True`` fails when the artifact cannot be run here. Raises
     :class:`~libreyolo.errors.ArgumentError` for bad options and :class:`ExportError` when the
     toolchain fails or the artifact does not match eager; nothing is left at the output path then.
@@ -202,15 +254,20 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     given = {"format": format, "imgsz": imgsz, "batch": batch, "dynamic": dynamic, "half": half, "opset": opset,
              "simplify": simplify, "nms": nms, "device": device, "output": output, "name": name,
              "workspace": workspace, "validate": validate, "require_validation": require_validation,
-             "verbose": verbose, "autotune": autotune}
+             "verbose": verbose, "autotune": autotune, "int8": int8, "data": data, "max_drop": max_drop}
     checked = {k: EXPORT_OPTIONS[k].check(k, v) for k, v in given.items()}  # the table every entry point uses
     imgsz, batch, opset, workspace, verbose = (checked[k] for k in ("imgsz", "batch", "opset", "workspace",
                                                                    "verbose"))
     exporter = get_exporter(checked["format"])
     opts = _options(model, exporter, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, opset=opset,
                     simplify=simplify, nms=nms, device=device, workspace=workspace, validate=validate,
-                    require_validation=require_validation, autotune=autotune)
+                    require_validation=require_validation, autotune=autotune, int8=checked["int8"],
+                    data=checked["data"], max_drop=checked["max_drop"])
     final = default_output(model, exporter, output, name)
+    if opts.int8:
+        from libreyolo.export import int8 as int8_export
+
+        int8_export.check_data(model, opts.data)  # a missing val split is found before anything is built
     if opts.require_validation:  # known before building: fail fast
         reason = "validate=False was passed" if not opts.validate else exporter.not_validated_reason(opts)
         if reason:
@@ -222,7 +279,16 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                           f"{', ...' if count > len(bad) else ''}): an artifact of them would detect nothing. "
                           f"Export a model with finite weights; nothing was written to {final}")
     start = time.perf_counter()
-    net = copy.deepcopy(model.net).to(opts.device).eval()
+    reference_model = model
+    if opts.int8:
+        opts.calibration = int8_export.plan(model, opts.data)
+        reference_model = opts.calibration.quantized  # the artifact is compared with the quantized eager model
+    if opts.int8 and exporter.int8_mode == "qdq":
+        from libreyolo.quant.qdq import export_view
+
+        net = export_view(opts.calibration.quantized.net).to(opts.device).eval()
+    else:
+        net = copy.deepcopy(opts.calibration.float_model.net if opts.int8 else model.net).to(opts.device).eval()
     net = net.half() if opts.half and exporter.half == "cuda" else net.float()
     module = ExportModule(net, model.family, opts.nms, nc=model.nc).to(opts.device).eval()
     dtype = torch.float16 if opts.half and exporter.half == "cuda" else torch.float32
@@ -234,18 +300,26 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
             with torch.no_grad():
                 exporter.build(module, example, built, opts, work)
             meta = _metadata(model, exporter, opts, module)
+            if opts.int8:
+                meta["quantization"] = opts.calibration.describe()
             content = exporter.content_sha256(built)
             exporter.write_metadata(built, stamp(meta, content), meta)
             if opts.validate:
                 from libreyolo.export.validate import validate_artifact
 
                 reason = exporter.not_validated_reason(opts)
-                report = ValidationReport.not_run(reason) if reason else validate_artifact(model, exporter, built, opts)
+                report = (ValidationReport.not_run(reason) if reason
+                          else validate_artifact(reference_model, exporter, built, opts))
             else:
                 report = ValidationReport.skipped()
                 LOGGER.warning("validate=False: this artifact was NOT compared with the eager model. Its outputs may "
                                "be wrong and nothing here would notice.")
+            gate = None
+            if opts.int8:
+                gate = _int8_checks(exporter, built, opts, report)
             meta["validation"] = report.to_dict()
+            if gate is not None:
+                meta["validation"]["accuracy"] = gate
             encoded = stamp(meta, content)
             exporter.write_metadata(built, encoded, meta)
             if exporter.content_sha256(built) != content:
@@ -255,6 +329,13 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
             if report.status == "failed":
                 raise ValidationFailed(f"{exporter.name} artifact does not match the eager model; nothing was written "
                                   f"to {final}.\n{report.text()}")
+            if gate is not None and not gate["passed"]:
+                raise int8_export.AccuracyGateFailed(
+                    f"INT8 accuracy gate: {gate['metric']} fell from {gate['float']:.4f} (float eager model) to "
+                    f"{gate['int8']:.4f} ({exporter.name} INT8 artifact) on the val split of {gate['data']}, a drop of "
+                    f"{gate['drop']:.4f} > max_drop={gate['max_drop']:g}; nothing was written to {final}. Calibrate on "
+                    "more representative images (model.quantize(data=..., samples=..., method='percentile')), keep "
+                    "sensitive layers in float (exclude=...), or allow a larger max_drop")
             if opts.require_validation and report.status != "passed":
                 raise ExportError(f"require_validation=True but the artifact was {report.headline()}; nothing was "
                                   f"written to {final}")

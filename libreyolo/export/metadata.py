@@ -48,6 +48,7 @@ FIELDS: dict[str, type] = {
     "versions": dict,
     "source_weights_sha256": str,
     "validation": dict,
+    "quantization": dict,
     "content_sha256": str,
     "metadata_sha256": str,
 }

@@ -75,6 +75,7 @@ class OnnxExporter(Exporter):
     half = "cuda"
     embedded_nms = True
     onnx_options = True
+    int8_mode = "qdq"
 
     def check(self, opts: ExportOptions) -> None:
         require("onnx", "onnx", "ONNX export")
@@ -109,6 +110,26 @@ class OnnxExporter(Exporter):
 
     def graph_ops(self, path: Path) -> set[str]:
         return onnx_ops(path)
+
+    def int8_parameters(self, path: Path) -> dict[str, Any]:
+        """``{name: array}`` of the named tensors the graph's QuantizeLinear/DequantizeLinear nodes
+        read (initializers, also through the Identity nodes that de-duplication leaves)."""
+        onnx = require("onnx", "onnx", "reading an ONNX graph")
+        from onnx import numpy_helper
+
+        model = onnx.load(str(path))
+        values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        alias = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity"}
+        found = {}
+        for node in model.graph.node:
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                for name in node.input:
+                    source = name
+                    while source not in values and source in alias:
+                        source = alias[source]
+                    if source in values:
+                        found[name] = values[source]
+        return found
 
 
 def check_opset(opts: ExportOptions) -> None:

@@ -45,6 +45,7 @@ class ValidationReport:
         self.decoded = list(decoded if decoded is not None else detections or [])
         self.notes = list(notes or [])
         self.drift = dict(drift or {})
+        self.extra_lines: list[str] = []  # lines of further checks (the INT8 accuracy gate)
 
     @property
     def detections(self) -> list[dict[str, Any]]:
@@ -140,6 +141,9 @@ class ValidationReport:
         for c in self.checks:
             mark = "ok " if c["passed"] else "BAD"
             label = f"{c['output']}" + (f" [{c['group'].split('/')[-1]}]" if "/" in str(c.get("group", "")) else "")
+            if "line" in c:  # a check that says how it reads (the INT8 quantization parameters)
+                lines.append(f"  {mark} {c['probe']:<16} {label:<22} {c['line']}")
+                continue
             if "shape" in c:
                 lines.append(f"  {mark} {c['probe']:<16} {label:<22} {c['shape']}")
                 continue
@@ -163,6 +167,7 @@ class ValidationReport:
                          f"matched {d['matched']}" + (f" + {d['tie_swaps']} tie swaps" if d.get("tie_swaps") else "")
                          + (f" (+{d['swap_cascade']} decided by them)" if d.get("swap_cascade") else "")
                          + f" (min IoU {d['min_iou']:.4f}, max conf diff {d['max_conf_diff']:.2g})")
+        lines += list(self.extra_lines)
         lines += [f"  note: {n}" for n in self.notes]
         if self.advice():
             lines.append(f"  what to do: {self.advice()}")

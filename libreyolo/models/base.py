@@ -73,6 +73,8 @@ class ExportContract:
         for key in (f"{fmt}:{device}:{precision}", f"{fmt}:{precision}", precision):
             if key in self.min_cosine:
                 return self.min_cosine[key]
+        if precision == "int8":  # no INT8 bar of its own: the fp16 one (the validator lowers it to the
+            return self.cosine_floor(fmt, "fp16", device)  # quantized eager model's own measured drift)
         raise KeyError(f"no cosine floor for {fmt} {precision} on {device}")
 
 

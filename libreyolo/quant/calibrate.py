@@ -49,6 +49,8 @@ def calibration_images(data: Any) -> tuple[list[Path], str]:
                             "or a folder of calibration images")
     path = Path(str(data)).expanduser().absolute()
     if path.is_dir():
+        if (path / "train").is_dir():  # a classification root: calibrate on train, never on val
+            path = path / "train"
         files = _images_in(path)
         if not files:
             raise DatasetError(f"calibration folder {path} holds no images (looked for "
