@@ -56,7 +56,8 @@ EXPORT_OPTIONS: dict[str, Opt] = {
     "int8": Opt(as_bool, False, "INT8 artifact: quantize()'s scales (calibrated on data's train split), gated on "
                 "the val split's accuracy", True),
     "data": Opt(str, None, "int8: dataset (YAML, or a classification root) for calibration and the accuracy gate"),
-    "max_drop": Opt(float, None, "int8: largest allowed drop (default 0.02) of mAP50-95 (top-1 for classifiers), absolute",
+    "max_drop": Opt(float, None, "int8: largest allowed drop (default 0.02) of mAP50-95 (top-1 for "
+                    "classifiers), absolute",
                     min=0.0, max=1.0),
     "validate": Opt(as_bool, True, "validate the artifact against the eager model", True),
     "require_validation": Opt(as_bool, False, "fail when the artifact cannot be validated here", True),
