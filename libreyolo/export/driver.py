@@ -281,7 +281,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     start = time.perf_counter()
     reference_model = model
     if opts.int8:
-        opts.calibration = int8_export.plan(model, opts.data)
+        opts.calibration = int8_export.plan(model, opts.data, opts.imgsz)
         reference_model = opts.calibration.quantized  # the artifact is compared with the quantized eager model
     if opts.int8 and exporter.int8_mode == "qdq":
         from libreyolo.quant.qdq import export_view

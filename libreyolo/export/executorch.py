@@ -39,20 +39,64 @@ def fold_batchnorm(module: torch.nn.Module) -> int:
     return count
 
 
-def lower_to_pte(module: torch.nn.Module, example: torch.Tensor, path: Path) -> None:
+def lower_to_pte(module: torch.nn.Module, example: torch.Tensor, path: Path, check_ir: bool = True) -> None:
     """Export ``module`` with ``torch.export`` and lower it to an XNNPACK ``.pte`` at ``path``."""
     fold_batchnorm(module)
     exir = require("executorch.exir", EXTRA, "ExecuTorch export")
+    # an INT8 graph skips the edge IR checks: they walk every q/dq node (minutes); the program is run
+    # and validated afterwards either way
+    config = exir.EdgeCompileConfig(_check_ir_validity=check_ir)
     partitioner = require("executorch.backends.xnnpack.partition.xnnpack_partitioner", EXTRA, "ExecuTorch export")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             program = torch.export.export(module, (example,), strict=False)
-            edge = exir.to_edge_transform_and_lower(program, partitioner=[partitioner.XnnpackPartitioner()])
+            edge = exir.to_edge_transform_and_lower(program, partitioner=[partitioner.XnnpackPartitioner()],
+                                                    compile_config=config)
             buffer = edge.to_executorch().buffer
         except Exception as exc:
             raise ExportError(f"ExecuTorch export failed: {type(exc).__name__}: {exc}") from exc
     path.write_bytes(buffer)
+
+
+def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOptions) -> torch.nn.Module:
+    """``module``'s network quantized by the PT2E flow for XNNPACK: int8 per-channel symmetric weights,
+    int8 activations (XNNPACKQuantizer's symmetric config), observers calibrated on the INT8 plan's
+    images (the same as quantize()'s), the layers quantize() keeps in float left in float.
+    Returns ``module`` with its network replaced by the converted graph."""
+    quantize = require("torchao.quantization.pt2e.quantize_pt2e", EXTRA, "INT8 ExecuTorch export (PT2E)")
+    pt2e = require("torchao.quantization.pt2e", EXTRA, "INT8 ExecuTorch export (PT2E)")
+    xq = require("executorch.backends.xnnpack.quantizer.xnnpack_quantizer", EXTRA, "INT8 ExecuTorch export (PT2E)")
+    plan = opts.calibration
+    net = module.net
+    fold_batchnorm(net)
+    # only the layers quantize() quantizes are annotated (by module name, no global config): a global
+    # config would also quantize concatenations with one shared scale, and the head's concat of boxes
+    # (hundreds of pixels) and scores (0..1) would round every score to 0
+    config = xq.get_symmetric_quantization_config(is_per_channel=True)
+    quantizer = xq.XNNPACKQuantizer()
+    for name in plan.quantized.quant_info()["layers"]:
+        quantizer.set_module_name(name, config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            graph = torch.export.export(net, (example,), strict=False).module()
+            prepared = quantize.prepare_pt2e(graph, quantizer)
+            size = example.shape[0]
+            with torch.no_grad():
+                for batch in plan.batches():  # the program is static: fed in chunks of its batch size
+                    for i in range(0, batch.shape[0], size):
+                        chunk = batch[i:i + size]
+                        if chunk.shape[0] < size:
+                            chunk = torch.cat([chunk, chunk[-1:].expand(size - chunk.shape[0], *chunk.shape[1:])])
+                        prepared(chunk.to(example.dtype))
+            converted = quantize.convert_pt2e(prepared)
+        except Exception as exc:
+            raise ExportError(f"INT8 ExecuTorch export failed in the PT2E quantization: {type(exc).__name__}: "
+                              f"{exc}") from exc
+    pt2e.allow_exported_model_train_eval(converted)
+    module.net = converted
+    return module
 
 
 def pte_ops(path: str | Path) -> set[str]:
@@ -73,6 +117,7 @@ class ExecuTorchExporter(Exporter):
     runtime = "executorch"
     extra = EXTRA
     toolchain = ("executorch",)
+    int8_mode = "own"  # PT2E + XNNPACKQuantizer, calibrated on the INT8 plan's images
 
     def check(self, opts: ExportOptions) -> None:
         require("executorch.exir", EXTRA, "ExecuTorch export")
@@ -81,7 +126,9 @@ class ExecuTorchExporter(Exporter):
 
     def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
               work: Path) -> None:
-        lower_to_pte(module, example, path)
+        if opts.int8:
+            module = quantize_pt2e(module, example, opts)
+        lower_to_pte(module, example, path, check_ir=not opts.int8)
 
     def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
         write_sidecar(path, meta)

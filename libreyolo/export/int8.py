@@ -83,12 +83,15 @@ def check_data(model: Any, data: Any) -> Any:
     return cfg
 
 
-def plan(model: Any, data: str) -> Int8Plan:
-    """The quantized and float eager models of an INT8 export of ``model``."""
+def plan(model: Any, data: str, imgsz: int | None = None) -> Int8Plan:
+    """The quantized and float eager models of an INT8 export of ``model`` at ``imgsz`` (calibration
+    runs at the exported input size; a model quantized by the user keeps its own scales)."""
     from libreyolo.quant.calibrate import calibration_images
 
     float_model = _sibling(model)
     quantized = _sibling(model)
+    if imgsz is not None:
+        float_model.imgsz = quantized.imgsz = imgsz
     if model.is_quantized:
         entry = model._quant_entry()
         quantized._restore_quantization(entry, "the model's quantization")

@@ -264,7 +264,8 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
                 reference.output_names(), reference.nms(eager[family.export.nms_input], x_ref), strict=True))
             e16 = None
             if half_net is not None:
-                e16 = family.named_outputs(half_net(x.to(model.device, torch.float16)))
+                floor_dtype = next(half_net.parameters()).dtype
+                e16 = family.named_outputs(half_net(x.to(model.device, floor_dtype)))
                 e16 = {k: v.float() for k, v in e16.items()}
         got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
         # compared on the CPU (the float64 reference is there); the artifact's outputs also stay
@@ -346,6 +347,13 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         return ValidationReport.not_run(f"the float64 reference of the eager model cannot run "
                                         f"({type(exc).__name__}: {exc}); the tolerances come from it")
     half_net = _half_copy(model.net) if opts.precision == "fp16" and not nms else None
+    quant_floor = opts.int8 and exporter.int8_mode == "own" and opts.calibration is not None and not nms
+    if quant_floor:
+        # a format that quantizes with its own toolchain (its own observers and requantization) is
+        # another quantization of the float model: it may differ from the quantized eager model by
+        # FP16_DRIFT_FACTOR times that model's own distance from the float model (the quantization
+        # floor), measured here in the slot of the fp16 drift
+        half_net = opts.calibration.float_model.net
     try:
         runs = _runs(model, runtime, reference, batches, net64, half_net)
     except RuntimeError as exc:
@@ -458,6 +466,10 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
             f"on {capped} input(s) more than topk={nms['topk']} (box, class) pairs score above conf={conf}: "
             "the embedded NMS is exact for the top-k candidates only, so those inputs were compared with eager "
             "greedy NMS over the same top-k candidates (see docs/export.md, embedded NMS limits)")
+    if quant_floor and d16 is not None:
+        report.notes.append(f"{exporter.name} quantizes with its own toolchain: raw outputs may also differ by "
+                            f"{FP16_DRIFT_FACTOR:g}x the quantized eager model's own distance from the float model "
+                            f"(the quantization floor; largest, relative to scale: {max(d16.values(), default=0):.3g})")
     if opts.precision == "fp16":
         report.notes.append("fp16 artifact compared with a float64 copy of the eager model")
         if d16 is not None:
