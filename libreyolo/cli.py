@@ -159,7 +159,8 @@ BENCH_OPTS: dict[str, Opt] = {
     "floor": BENCH_OPTIONS["floor"],
     "json": Opt(str, None, "also write the table as JSON to this path"),
     "save_dir": Opt(str, None, "keep the exported artifacts in this folder (unset: a temporary one, removed)"),
-    **{k: BENCH_OPTIONS[k] for k in ("device", "imgsz", "batch", "n", "workers", "half", "cuda_graph")},
+    **{k: BENCH_OPTIONS[k] for k in ("device", "imgsz", "batch", "n", "workers", "half", "int8", "max_drop",
+                                         "cuda_graph")},
 }
 
 
@@ -181,7 +182,8 @@ def cmd_benchmark(args: dict[str, Any]) -> int:
     model = LibreYOLO(args["model"], device=device)
     result = benchmark_formats(model, formats=args["formats"], data=args["data"], imgsz=args["imgsz"],
                                batch=args["batch"], n=args["n"], half=args["half"], cuda_graph=args["cuda_graph"],
-                               floor=args["floor"], save_dir=args["save_dir"], workers=args["workers"])
+                               floor=args["floor"], save_dir=args["save_dir"], workers=args["workers"],
+                               int8=args["int8"], max_drop=args["max_drop"])
     print(format_table(result))
     if args["json"] is not None:
         import json

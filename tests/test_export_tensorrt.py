@@ -30,11 +30,11 @@ def test_the_engine_is_built_from_a_batch_dynamic_fixed_size_onnx(tmp_path, monk
 
     seen = {}
 
-    def fake_build(onnx_path, engine_path, opts, input_name):
+    def fake_build(onnx_path, engine_path, opts, input_name, cache=None):
         graph = onnx.load(str(onnx_path)).graph
         seen["input"] = [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
         seen["outputs"] = [o.name for o in graph.output]
-        seen["opts"] = (opts.half, opts.workspace, opts.batch)
+        seen["opts"] = (opts.half, opts.workspace, opts.batch, cache)
         raise ExportError("stop here: no TensorRT in this test")
 
     monkeypatch.setattr(trt_exporter, "build_engine", fake_build)
@@ -43,7 +43,7 @@ def test_the_engine_is_built_from_a_batch_dynamic_fixed_size_onnx(tmp_path, monk
                        nms=True, output=tmp_path / "x.engine")
     assert seen["input"] == ["batch", 3, 64, 64]  # batch profile; the spatial size is fixed
     assert seen["outputs"] == ["detections", "num_detections"]
-    assert seen["opts"] == (True, 2.0, 4)
+    assert seen["opts"] == (True, 2.0, 4, None)  # no calibration cache for a float engine
     assert not list(tmp_path.iterdir())
 
 

@@ -11,6 +11,14 @@ model (from the export's validation report, when it records one), mAP50-95 (dete
 (classify) on ``data``, ms per image and images/s of ``predict()``. A run *fails* (exit status 1
 on the command line) when an export does not validate or an artifact's metric is below
 ``eager - floor``.
+
+With ``int8=True`` (needs ``data=``), each selected format that writes INT8 artifacts
+(:attr:`~libreyolo.export.base.Exporter.int8_mode` other than ``"no"``) also gets a
+``<format>-int8`` row, exported through ``model.export(format=..., int8=True, data=data)``: its
+accuracy gate (the float eager model's and the INT8 artifact's metric on data's val split, the
+drop, ``max_drop``, default 0.02) is in the row's ``gate``; such a row fails when the gate refuses the
+artifact (the export then writes nothing), and the ``floor`` does not apply to it (the gate's
+``max_drop`` is its allowance). An INT8 row that cannot run here says why.
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ from libreyolo.errors import ArgumentError, LibreYOLOError
 from libreyolo.utils.log import LOGGER
 
 EAGER, CUDA_GRAPH = "eager", "cuda_graph"
+INT8_SUFFIX = "-int8"
 CPU_ONLY = {"executorch", "coreml"}  # exported (traced) and run on the CPU whatever the model's device
 # runtimes that need more than their exporter checks for (an engine is built only where it runs)
 NEEDS = {"tensorrt": ("tensorrt", "needs tensorrt and an NVIDIA GPU")}
@@ -54,6 +63,7 @@ class Row:
     images_per_s: float | None = None
     export_s: float | None = None
     timing: dict[str, float] = field(default_factory=dict)
+    gate: dict[str, Any] | None = None  # INT8 rows: the export's accuracy gate (float, int8, drop, max_drop, passed)
 
     @property
     def failed(self) -> bool:
@@ -129,33 +139,46 @@ def _size_mib(path: Path) -> float:
     return path.stat().st_size / 2**20
 
 
+def _gate_text(gate: dict[str, Any]) -> str:
+    return (f"gate {gate['metric']} float {gate['float']:.4f} -> int8 {gate['int8']:.4f} (drop {gate['drop']:+.4f}, "
+            f"at most {gate['max_drop']:g})")
+
+
 def _export_row(model: Any, fmt: str, folder: Path, frames: list[np.ndarray], *, imgsz: int, batch: int,
-                half: bool, n: int, data: str | None, workers: int) -> tuple[Row, dict[str, Any] | None]:
+                half: bool, n: int, data: str | None, workers: int,
+                int8: bool = False, max_drop: float | None = None) -> tuple[Row, dict[str, Any] | None]:
     from libreyolo import LibreYOLO
     from libreyolo.export.base import ExportError, get_exporter
 
     stem = Path(model.source).stem if getattr(model, "source", None) else f"{model.family.name}{model.size}"
-    output = folder / f"{stem}-{imgsz}{get_exporter(fmt).suffix}"
+    label = fmt + INT8_SUFFIX if int8 else fmt
+    output = folder / f"{stem}-{imgsz}{INT8_SUFFIX if int8 else ''}{get_exporter(fmt).suffix}"
     opts: dict[str, Any] = {"imgsz": imgsz, "batch": batch, "output": output, "verbose": False}
+    if int8:
+        opts.update(int8=True, data=data, max_drop=max_drop)
+        half = False  # an INT8 artifact has no fp16 variant
     if half:
         opts["half"] = True
     if fmt in CPU_ONLY and model.device.type != "cpu":
         opts["device"] = "cpu"
-    LOGGER.info("benchmark: exporting %s (imgsz %d, batch %d) to %s", fmt, imgsz, batch, output)
+    LOGGER.info("benchmark: exporting %s (imgsz %d, batch %d) to %s", label, imgsz, batch, output)
     start = time.perf_counter()
     try:
         report = model.export(format=fmt, **opts)
-    except ExportError as exc:  # the toolchain failed or the artifact does not match eager
+    except ExportError as exc:  # the toolchain failed, the artifact does not match eager, the INT8 gate refused it
         first = str(exc).strip().splitlines()[0]
-        return Row(fmt, "failed", first, export_s=time.perf_counter() - start), None
+        return Row(label, "failed", first, export_s=time.perf_counter() - start), None
     except LibreYOLOError as exc:  # a missing package, an option this format refuses
-        return Row(fmt, "not run", str(exc), export_s=time.perf_counter() - start), None
+        return Row(label, "not run", str(exc), export_s=time.perf_counter() - start), None
     except Exception as exc:  # noqa: BLE001 - a toolchain crash fails this row, not the whole table
-        return Row(fmt, "failed", f"export crashed: {type(exc).__name__}: {exc}",
+        return Row(label, "failed", f"export crashed: {type(exc).__name__}: {exc}",
                    export_s=time.perf_counter() - start), None
     validation = report.validation.to_dict()
-    row = Row(fmt, report.validation.status, "", str(report.path), _size_mib(Path(report.path)),
+    row = Row(label, report.validation.status, "", str(report.path), _size_mib(Path(report.path)),
               validation.get("artifact_float64_error"), export_s=report.seconds)
+    if int8:
+        row.gate = (report.metadata.get("validation") or {}).get("accuracy")
+        row.reason = _gate_text(row.gate) if row.gate else "INT8 accuracy gate: not run here"
     if report.validation.status != "passed":  # "not validated": the runtime cannot run here
         row.status, row.reason = "not run", f"not validated here: {report.validation.reason}"
         return row, validation
@@ -165,7 +188,7 @@ def _export_row(model: Any, fmt: str, folder: Path, frames: list[np.ndarray], *,
         row.status, row.reason = "not run", f"exported and validated, but cannot be loaded here: {exc}"
         return row, validation
     try:
-        timed = _time(artifact, frames, n, fmt, half=half or None)
+        timed = _time(artifact, frames, n, label, half=half or None)
         row.timing, row.ms_per_image, row.images_per_s = timed["timing"], timed["ms_per_image"], timed["images_per_s"]
         if data:
             row.metric = _metric(artifact, data, imgsz=imgsz, workers=workers)
@@ -200,27 +223,40 @@ class BenchmarkResult:
                 "passed": not self.failures, "rows": [asdict(r) for r in self.rows]}
 
 
-def _check(batch: Any, n: Any, floor: Any, workers: Any) -> float:
+def _check(batch: Any, n: Any, floor: Any, workers: Any, int8: Any = False, data: Any = None,
+           max_drop: Any = None) -> tuple[float, bool, float | None]:
     """The options as ``libreyolo benchmark`` checks them (:data:`libreyolo.engine.options.BENCH_OPTIONS`)."""
     from libreyolo.engine.options import BENCH_OPTIONS as B
 
     B["batch"].check("batch", batch)
     B["n"].check("n", n)
     B["workers"].check("workers", workers)
-    return B["floor"].check("floor", floor)
+    int8 = B["int8"].check("int8", int8)
+    max_drop = B["max_drop"].check("max_drop", max_drop)
+    if max_drop is not None and not int8:
+        raise ArgumentError(f"max_drop={max_drop:g} applies to the INT8 rows only; pass int8=True (and data=) "
+                            "or drop it")
+    if int8 and (data is None or data == ""):
+        raise ArgumentError("int8=True needs data=: the dataset whose train split calibrates the INT8 exports and "
+                            "whose val split gates their accuracy (e.g. data=coco8.yaml); pass data= or drop int8=True")
+    return B["floor"].check("floor", floor), bool(int8), max_drop
 
 
 def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str | None = None,
                       imgsz: int | None = None, batch: int = 1, n: int = 50, half: bool = False,
                       cuda_graph: bool | str = True, floor: float = 0.01, save_dir: str | Path | None = None,
-                      workers: int = 0) -> BenchmarkResult:
-    """Rows for eager, CUDA graphs (on CUDA) and each of ``formats`` (None: every export format)."""
-    from libreyolo.export.base import FORMATS
+                      workers: int = 0, int8: bool = False, max_drop: float | None = None) -> BenchmarkResult:
+    """Rows for eager, CUDA graphs (on CUDA) and each of ``formats`` (None: every export format);
+    ``int8=True`` (with ``data=``) adds a ``<format>-int8`` row per format that has INT8 artifacts."""
+    from libreyolo.export.base import FORMATS, get_exporter
 
-    floor = _check(batch, n, floor, workers)
+    floor, int8, max_drop = _check(batch, n, floor, workers, int8, data, max_drop)
     imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
     frames = _frames(batch)
     if not hasattr(model, "export"):  # an artifact: its own row, nothing to export
+        if int8:
+            raise ArgumentError(f"int8=True exports INT8 artifacts from a checkpoint; {model.path.name} is already a "
+                                f"{model.format} artifact. Benchmark its checkpoint (.pt) with int8=True, or drop it")
         return _artifact_only(model, formats, frames, data=data, imgsz=imgsz, n=n, half=half, floor=floor,
                               workers=workers)
     rows: list[Row] = []
@@ -252,14 +288,16 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
         folder.mkdir(parents=True, exist_ok=True)
     reports: list[dict[str, Any]] = []
     try:
-        for fmt in chosen:
-            why = why_not_here(model, fmt, imgsz=imgsz, batch=batch, half=half)
+        for fmt, quantized in [(f, q) for f in chosen for q in (False, True)
+                               if not q or (int8 and get_exporter(f).int8_mode != "no")]:
+            label = fmt + INT8_SUFFIX if quantized else fmt
+            why = why_not_here(model, fmt, imgsz=imgsz, batch=batch, half=half and not quantized)
             if why:
-                rows.append(Row(fmt, "not run", f"not run here: {why}"))
+                rows.append(Row(label, "not run", f"not run here: {why}"))
                 continue
             row, validation = _export_row(model, fmt, folder, frames, imgsz=imgsz, batch=batch, half=half, n=n,
-                                          data=data, workers=workers)
-            if validation is not None:
+                                          data=data, workers=workers, int8=quantized, max_drop=max_drop)
+            if validation is not None and not quantized:  # INT8 reports compare with the quantized model
                 reports.append(validation)
             if not keep:
                 row.file = Path(row.file).name if row.file else None  # the folder is removed below
@@ -271,6 +309,8 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
                                None)
     if eager.metric is not None:
         for row in rows[1:]:
+            if row.format.endswith(INT8_SUFFIX):  # the export's accuracy gate (max_drop) is its allowance
+                continue
             if row.metric is not None and row.metric < eager.metric - floor:
                 row.status = "below floor"
                 row.reason = (f"{_metric_name(model)} {row.metric:.4f} < eager {eager.metric:.4f} - floor {floor:g}")
@@ -302,13 +342,14 @@ def _cell(value: Any, spec: str) -> str:
 
 def format_table(result: BenchmarkResult) -> str:
     metric = result.metric_name if result.data else f"{result.metric_name} (no data=)"
-    head = (f"{'format':<12}{'size MiB':>9}  {'validation':<12}{'err vs fp64':>12}{metric:>{max(10, len(metric) + 2)}}"
-            f"{'ms/img':>9}{'img/s':>8}  note")
+    fw = max([12] + [len(r.format) + 2 for r in result.rows])
+    head = (f"{'format':<{fw}}{'size MiB':>9}  {'validation':<12}{'err vs fp64':>12}"
+            f"{metric:>{max(10, len(metric) + 2)}}{'ms/img':>9}{'img/s':>8}  note")
     lines = [f"{result.model} ({result.task}) on {result.device}, imgsz {result.imgsz}, batch {result.batch}, "
              f"median of {result.n} predict() calls" + (f", data {result.data}" if result.data else ""), head]
     width = max(10, len(metric) + 2)
     for r in result.rows:
-        lines.append(f"{r.format:<12}{_cell(r.size_mib, '.1f'):>9}  {r.status:<12}{_cell(r.float64_error, '.2e'):>12}"
+        lines.append(f"{r.format:<{fw}}{_cell(r.size_mib, '.1f'):>9}  {r.status:<12}{_cell(r.float64_error, '.2e'):>12}"
                      f"{_cell(r.metric, '.4f'):>{width}}{_cell(r.ms_per_image, '.2f'):>9}"
                      f"{_cell(r.images_per_s, '.1f'):>8}  {r.reason}".rstrip())
     bad = result.failures

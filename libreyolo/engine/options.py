@@ -43,5 +43,9 @@ BENCH_OPTIONS: dict[str, Opt] = {
     "floor": Opt(float, 0.01, "fail (exit 1) when a format's metric is below eager minus this (absolute)",
                  min=0.0, max=1.0),
     "half": Opt(as_bool, False, "fp16 (CUDA)", True),
+    "int8": Opt(as_bool, False, "also an INT8 row (<format>-int8) per format with INT8 artifacts: exported with "
+                "int8=True, calibrated on data='s train split and gated on its val split (needs data=)", True),
+    "max_drop": Opt(float, None, "int8: the largest metric drop the INT8 accuracy gate allows (export default 0.02)",
+                    min=0.0, max=1.0),
     "cuda_graph": Opt(as_graph_mode, True, "also time predict(cuda_graph=...): true, auto or false", True),
 }

@@ -108,6 +108,11 @@ class Exporter:
         """Why the artifact cannot be run on this machine, or None when it can."""
         return None
 
+    def int8_metadata(self, path: Path, opts: ExportOptions) -> dict[str, Any]:
+        """What this format did for ``int8=True``, merged into the artifact's ``quantization``
+        metadata over the calibration's description (``own`` formats say how they quantized)."""
+        return {}
+
     def graph_ops(self, path: Path) -> set[str]:
         """Operator names in the artifact's program (portability checks)."""
         raise NotImplementedError

@@ -7,6 +7,15 @@ letterbox yields whole grey levels. Families whose contract says ``image_input=F
 as every other format does. Static shapes, batch 1. Conversion runs on Linux and
 macOS; running (and so validating) needs macOS. Metadata is stored as the package's
 user-defined metadata.
+
+INT8 (``int8=True``, :attr:`Exporter.int8_mode` ``"own"``): the float ML Program is converted as
+above, then the weights of its ``conv``/``conv_transpose``/``linear`` ops are quantized to 8 bits
+with coremltools (``linear_quantize_weights``: linear symmetric, per output channel, int8); the
+activations stay float (CoreML has no calibrated int8 activations in this path, so the
+calibration images of ``data=`` are not used by this format). The package records this under
+``quantization`` in its metadata. Not validated here: CoreML predicts only on macOS, and even
+there the weight-only package is not compared with quantize()'s int8-activation eager model
+(that would not be the same network), so its report says "not validated".
 """
 from __future__ import annotations
 
@@ -23,6 +32,10 @@ from libreyolo.export.base import Exporter, ExportError, ExportOptions
 
 EXTRA = "coreml"
 NOT_ON_THIS_OS = "CoreML runs only on macOS"
+INT8_OPS = ("conv", "conv_transpose", "linear")  # the ops whose constant weights int8=True quantizes
+INT8_SCHEME = "8-bit linear symmetric per-channel weights (coremltools), float activations"
+INT8_NOT_COMPARED = ("CoreML INT8 quantizes the weights only (float activations), and no eager model with exactly "
+                     "that quantization exists to compare it with; not validated here")
 
 
 def _ct():
@@ -50,6 +63,19 @@ def mlpackage_ops(path: str | Path) -> set[str]:
     return found
 
 
+def quantize_weights(mlmodel: Any) -> Any:
+    """``mlmodel`` with the weights of its conv/linear ops as int8 (per output channel, symmetric);
+    every such weight is quantized, whatever its size (``weight_threshold=0``; 1-D tensors such as
+    biases stay float, as coremltools keeps them)."""
+    _ct()
+    from coremltools.optimize.coreml import OpLinearQuantizerConfig, OptimizationConfig, linear_quantize_weights
+
+    op = OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
+                                 weight_threshold=0)
+    config = OptimizationConfig(op_type_configs={name: op for name in INT8_OPS})
+    return linear_quantize_weights(mlmodel, config=config)
+
+
 class CoreMLExporter(Exporter):
     name = "coreml"
     suffix = ".mlpackage"
@@ -58,6 +84,7 @@ class CoreMLExporter(Exporter):
     toolchain = ("coremltools",)
     is_directory = True
     half = "any"  # fp16 is a conversion option (compute precision), no GPU needed
+    int8_mode = "own"  # int8=True: 8-bit weights by coremltools, float activations
 
     def check(self, opts: ExportOptions) -> None:
         _ct()
@@ -85,6 +112,12 @@ class CoreMLExporter(Exporter):
                 )
             except Exception as exc:
                 raise ExportError(f"CoreML conversion failed: {type(exc).__name__}: {exc}") from exc
+            if opts.int8:
+                try:
+                    mlmodel = quantize_weights(mlmodel)
+                except Exception as exc:
+                    raise ExportError(f"CoreML int8 weight quantization (coremltools linear_quantize_weights) "
+                                      f"failed: {type(exc).__name__}: {exc}") from exc
         mlmodel.short_description = f"LibreYOLO {module.family.name} ({module.family.task})"
         mlmodel.save(str(path))
 
@@ -107,7 +140,18 @@ class CoreMLExporter(Exporter):
         return mlpackage_content_sha256(path)
 
     def not_validated_reason(self, opts: ExportOptions) -> str | None:
-        return None if sys.platform == "darwin" else NOT_ON_THIS_OS
+        if sys.platform != "darwin":
+            return NOT_ON_THIS_OS
+        return INT8_NOT_COMPARED if opts.int8 else None
+
+    def int8_metadata(self, path: Path, opts: ExportOptions) -> dict[str, Any]:
+        ops = mlpackage_ops(path)
+        if not any(o.startswith("constexpr_") for o in ops):
+            raise ExportError("CoreML int8=True: coremltools quantized no weight of the ML Program (no constexpr_* "
+                              f"weight op in it; ops: {sorted(ops)}); this is a bug, please report it")
+        return {"scheme": INT8_SCHEME, "coreml": INT8_SCHEME + f" on {', '.join(INT8_OPS)} ops",
+                "coreml_weight_ops": sorted(o for o in ops if o.startswith("constexpr_")),
+                "activations_calibrated": False}
 
     def graph_ops(self, path: Path) -> set[str]:
         return mlpackage_ops(path)

@@ -301,7 +301,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                 exporter.build(module, example, built, opts, work)
             meta = _metadata(model, exporter, opts, module)
             if opts.int8:
-                meta["quantization"] = opts.calibration.describe()
+                meta["quantization"] = {**opts.calibration.describe(), **exporter.int8_metadata(built, opts)}
             content = exporter.content_sha256(built)
             exporter.write_metadata(built, stamp(meta, content), meta)
             if opts.validate:
