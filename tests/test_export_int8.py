@@ -104,7 +104,7 @@ def test_a_changed_quantization_parameter_is_refused(demo_int8, shapes, tmp_path
     assert not check["passed"] and target.removeprefix("net.") in check["wrong"], check
 
 
-def test_a_broken_calibration_is_refused_by_the_gate_and_nothing_is_written(shapes, tmp_path):
+def test_a_broken_calibration_is_refused_by_the_gate_and_nothing_is_written(shapes, tmp_path, capsys):
     from PIL import Image
 
     flat = tmp_path / "flat"
@@ -121,17 +121,11 @@ def test_a_broken_calibration_is_refused_by_the_gate_and_nothing_is_written(shap
     # the CLI: the same refusal is exit status 1 (a failure of the work), one line, no traceback
     ckpt = tmp_path / "broken.pt"
     model.save(ckpt)
-    assert cli_main(["export", f"model={ckpt}", "format=onnx", f"imgsz={IMGSZ}", f"data={shapes}",
-                     f"output={out}"]) == 1
+    assert cli_main(["export", f"model={ckpt}", "format=onnx", f"imgsz={IMGSZ}", "int8=true", f"data={shapes}",
+                     f"output={out}", "max_drop=0.05"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "INT8 accuracy gate" in err[-1] and "max_drop=0.05" in err[-1] and "Traceback" not in "".join(err)
     assert not out.exists()
-
-
-def test_cli_int8_export(shapes, tmp_path, capsys):
-    out = tmp_path / "cli.onnx"
-    assert cli_main(["export", f"model={DEMO}", "format=onnx", f"imgsz={IMGSZ}", "int8=true", f"data={shapes}",
-                     f"output={out}", "max_drop=0.05"]) == 0
-    text = capsys.readouterr().out
-    assert out.exists() and "accuracy gate" in text and "at most 0.05" in text
 
 
 @pytest.mark.parametrize("arch", ["LibreYOLOXn.yaml", "LibreViTti-cls.yaml"])
@@ -174,3 +168,21 @@ def test_a_dataset_without_val_and_an_empty_folder_are_refused_before_building(t
     with pytest.raises(DatasetError, match="holds no images"):
         model.quantize(data=str(empty))
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.slow
+def test_int8_executorch_through_pt2e_validates_and_passes_the_gate(shapes, tmp_path):
+    pytest.importorskip("executorch.runtime", reason="executorch is not installed")
+    pytest.importorskip("torchao.quantization.pt2e", reason="torchao (PT2E) is not installed")
+    from libreyolo.export.executorch import pte_ops
+
+    model = LibreYOLO(DEMO)
+    report = model.export(format="executorch", imgsz=IMGSZ, int8=True, data=str(shapes), output=tmp_path / "d.pte",
+                          verbose=False)
+    assert report.validation.status == "passed", report.validation.text()
+    gate = report.metadata["validation"]["accuracy"]
+    assert gate["passed"] and gate["float"] > 0.5, gate
+    assert report.metadata["precision"] == "int8"
+    assert "delegate::XnnpackBackend" in pte_ops(report.path)
+    assert "quantization floor" in report.validation.text()
+    assert len(LibreYOLO(report.path).predict(sorted(shapes.parent.rglob("*.jpg"))[-1], conf=0.25).boxes) > 0

@@ -68,15 +68,27 @@ def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOp
     pt2e = require("torchao.quantization.pt2e", EXTRA, "INT8 ExecuTorch export (PT2E)")
     xq = require("executorch.backends.xnnpack.quantizer.xnnpack_quantizer", EXTRA, "INT8 ExecuTorch export (PT2E)")
     plan = opts.calibration
+    layers = frozenset(plan.quantized.quant_info()["layers"])
     net = module.net
     fold_batchnorm(net)
-    # only the layers quantize() quantizes are annotated (by module name, no global config): a global
-    # config would also quantize concatenations with one shared scale, and the head's concat of boxes
-    # (hundreds of pixels) and scores (0..1) would round every score to 0
-    config = xq.get_symmetric_quantization_config(is_per_channel=True)
-    quantizer = xq.XNNPACKQuantizer()
-    for name in plan.quantized.quant_info()["layers"]:
-        quantizer.set_module_name(name, config)
+
+    def keep(node: Any) -> bool:
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        return bool(stack) and stack[-1][0] in layers
+
+    class OnlyQuantizedLayers(xq.XNNPACKQuantizer):
+        """XNNPACK's annotations on the operators of the layers quantize() quantizes only. Its global
+        config also annotates concatenations (one shared scale for all inputs), and the head's
+        concat of boxes (hundreds of pixels) and scores (0..1) would round every score to 0."""
+
+        def annotate(self, model: Any) -> Any:
+            model = super().annotate(model)
+            for node in model.graph.nodes:
+                if not keep(node):
+                    node.meta.pop("quantization_annotation", None)
+            return model
+
+    quantizer = OnlyQuantizedLayers().set_global(xq.get_symmetric_quantization_config(is_per_channel=True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
