@@ -98,7 +98,7 @@ def test_a_changed_quantization_parameter_is_refused(demo_int8, shapes, tmp_path
                 a = (a * np.float32(1.001)).astype(np.float32)
             init.CopyFrom(numpy_helper.from_array(a, init.name))
     onnx.save(g, str(path))
-    plan = int8_export.plan(model, str(shapes))
+    plan = int8_export.plan(model, str(shapes), IMGSZ)
     assert int8_export.check_parameters(plan, get_exporter("onnx"), report.path)["passed"]
     check = int8_export.check_parameters(plan, get_exporter("onnx"), path)
     assert not check["passed"] and target.removeprefix("net.") in check["wrong"], check

@@ -89,7 +89,8 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
             raise ArgumentError(f"{why}int8=True and half=True exclude each other; pass one of them")
         if data is None or data == "":
             raise ArgumentError(f"{why}int8=True needs data=: a dataset (YAML, or a classification folder) whose "
-                                "train split calibrates the activations and whose val split gates the accuracy")
+                                "train split calibrates the activations and whose val split gates the accuracy"
+                                + ("; or export the float model: model.dequantize().export(...)" if why else ""))
     if half and exporter.half == "no":
         raise ArgumentError(f"half=True is not supported for format={fmt}; export in float32")
     if half and exporter.half == "cuda" and dev.type != "cuda":

@@ -107,6 +107,7 @@ def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOp
             raise ExportError(f"INT8 ExecuTorch export failed in the PT2E quantization: {type(exc).__name__}: "
                               f"{exc}") from exc
     pt2e.allow_exported_model_train_eval(converted)
+    plan.own_reference = converted  # PT2E's own quantization run in eager: the validator's quantization floor
     module.net = converted
     return module
 

@@ -45,6 +45,7 @@ class Int8Plan:
     files: list[Path] = field(default_factory=list)   # calibration images
     origin: str = ""                    # where they came from
     calibrated_here: bool = True        # False: the user's own quantize() scales
+    own_reference: Any = None           # a format's own quantization run in eager (PT2E's converted graph)
 
     def batches(self) -> Any:
         """The calibration images, preprocessed as predict() does (float32 batches)."""

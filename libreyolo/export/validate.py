@@ -264,7 +264,7 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
                 reference.output_names(), reference.nms(eager[family.export.nms_input], x_ref), strict=True))
             e16 = None
             if half_net is not None:
-                floor_dtype = next(half_net.parameters()).dtype
+                floor_dtype = next((t.dtype for t in half_net.parameters() if t.is_floating_point()), torch.float32)
                 e16 = family.named_outputs(half_net(x.to(model.device, floor_dtype)))
                 e16 = {k: v.float() for k, v in e16.items()}
         got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
@@ -280,7 +280,7 @@ def _cpu(outputs: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | N
 
 
 def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...],
-            decisions: dict[str, int]) -> tuple[dict, dict | None]:
+            decisions: dict[str, int], quant_floor: bool = False) -> tuple[dict, dict | None]:
     """The eager model's float32 drift from float64 and (fp16 runs) its fp16 drift from float32, per
     group, after pairing set-prediction rows that a near-tie reordered between the two runs."""
     def paired(a: dict, ref: dict) -> dict:
@@ -298,7 +298,8 @@ def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...],
     d32 = drift(groups, [(r["eager_aligned"], r["e64"]) for r in runs], decisions)
     d16 = None
     if all(r["e16"] is not None for r in runs):
-        d16 = drift(groups, [(paired(r["e16"], as_float64(r["eager"])), as_float64(r["eager"])) for r in runs])
+        d16 = drift(groups, [(paired(r["e16"], as_float64(r["eager"])), as_float64(r["eager"])) for r in runs],
+                    keep_decisions=quant_floor)
     return d32, d16
 
 
@@ -352,8 +353,9 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         # a format that quantizes with its own toolchain (its own observers and requantization) is
         # another quantization of the float model: it may differ from the quantized eager model by
         # FP16_DRIFT_FACTOR times that model's own distance from the float model (the quantization
-        # floor), measured here in the slot of the fp16 drift
-        half_net = opts.calibration.float_model.net
+        # floor), measured here in the slot of the fp16 drift: against the format's own quantization run
+        # in eager (PT2E's converted graph) where the exporter left it, else against the float model
+        half_net = opts.calibration.own_reference or opts.calibration.float_model.net
     try:
         runs = _runs(model, runtime, reference, batches, net64, half_net)
     except RuntimeError as exc:
@@ -365,7 +367,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         runs = _runs(_OnCpu(model), runtime, reference, batches, net64, half_net)
     groups = groups_for(contract.groups, runs[0]["eager"])
     decisions: dict[str, int] = {}
-    d32, d16 = _drifts(groups, runs, contract.row_sets, decisions)
+    d32, d16 = _drifts(groups, runs, contract.row_sets, decisions, quant_floor)
     if decisions:
         report.notes.append("eager float32 decides some elements otherwise than float64 (a tie broken the other way: "
                             + ", ".join(f"{n} in {k}" for k, n in decisions.items())
@@ -384,7 +386,10 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
             metas = [sample_metas[0] if p == "sample" else plain for p in run["picks"]]
             e32 = family.postprocess(run["eager"], metas, vopts)
             e64 = family.postprocess({k: v.float() for k, v in run["e64"].items()}, metas, vopts)
-            for a, b in zip(e64, e32, strict=True):
+            pairs = list(zip(e64, e32, strict=True))
+            if quant_floor and run["e16"] is not None:  # and the format's own quantization against quantize()'s
+                pairs += list(zip(family.postprocess(run["e16"], metas, vopts), e32, strict=True))
+            for a, b in pairs:
                 m = match_decoded(a, b, score_tol=score_tolerance(groups, allowance(groups, run["e64"], d32, d16)),
                                   **{**match_kw, "iou_min": 0.5})
                 ref_iou = min(ref_iou, float(m.get("min_iou", 1.0)))
@@ -393,7 +398,8 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         iou_min = min(iou_min, max(0.5, 1.0 - FLOAT32_MULTIPLE * (1.0 - ref_iou)))
         match_kw["iou_min"] = iou_min
         quant_leftovers = int(math.ceil(FLOAT32_MULTIPLE * worst_left))
-        report.notes.append(f"INT8: the quantized eager model's float32 detections match its float64 copy's down to "
+        report.notes.append(f"INT8: the quantized eager model's float32 detections match its float64 copy's"
+                            + (" and the format's own quantization's (in eager)" if quant_floor else "") + " down to "
                             f"IoU {ref_iou:.4f} with up to {worst_left} unexplained left-over(s) per image; detections "
                             f"are matched at IoU {iou_min:.3f} and up to {quant_leftovers} left-over(s) per image are "
                             "allowed")
@@ -496,7 +502,8 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
             "greedy NMS over the same top-k candidates (see docs/export.md, embedded NMS limits)")
     if quant_floor and d16 is not None:
         report.notes.append(f"{exporter.name} quantizes with its own toolchain: raw outputs may also differ by "
-                            f"{FP16_DRIFT_FACTOR:g}x the quantized eager model's own distance from the float model "
+                            f"{FP16_DRIFT_FACTOR:g}x the distance between its own quantization run in eager and "
+                            "the quantized eager model "
                             f"(the quantization floor; largest, relative to scale: {max(d16.values(), default=0):.3g})")
     if opts.precision == "fp16":
         report.notes.append("fp16 artifact compared with a float64 copy of the eager model")

@@ -131,10 +131,11 @@ def normalised_error(group: OutputGroup, a: torch.Tensor, ref64: torch.Tensor) -
     return (group.view(a).double().cpu() - group.view(ref64)).abs() / group.scale(ref64)
 
 
-def drift(groups: list[OutputGroup], runs: list[tuple[dict, dict]], decisions: dict[str, int] | None = None
-          ) -> dict[str, float]:
+def drift(groups: list[OutputGroup], runs: list[tuple[dict, dict]], decisions: dict[str, int] | None = None,
+          keep_decisions: bool = False) -> dict[str, float]:
     """Largest normalised error of each group over ``runs`` = [(outputs, float64 outputs), ...],
-    decisions left out (their count per group goes to ``decisions`` when given)."""
+    decisions left out (their count per group goes to ``decisions`` when given) unless
+    ``keep_decisions`` (a distance between two quantizations is made of them)."""
     out: dict[str, float] = {}
     for g in groups:
         worst, count = 0.0, 0
@@ -144,7 +145,7 @@ def drift(groups: list[OutputGroup], runs: list[tuple[dict, dict]], decisions: d
                 a = g.view(got[g.output]).double().cpu()
                 scale = g.scale(r)
                 e = (a - g.view(r)).abs() / scale
-                flip = decided(a, g.view(r), scale)
+                flip = decided(a, g.view(r), scale) & (not keep_decisions)
                 count += int((flip & torch.isfinite(e)).sum())
                 e = e[torch.isfinite(e) & ~flip]
                 if e.numel():
