@@ -186,3 +186,23 @@ def test_int8_executorch_through_pt2e_validates_and_passes_the_gate(shapes, tmp_
     assert "delegate::XnnpackBackend" in pte_ops(report.path)
     assert "quantization floor" in report.validation.text()
     assert len(LibreYOLO(report.path).predict(sorted(shapes.parent.rglob("*.jpg"))[-1], conf=0.25).boxes) > 0
+
+
+def test_int8_outputs_off_by_one_percent_are_refused_by_raw_validation(demo_int8, shapes):
+    """The raw check of an INT8 artifact compares error distributions (the quantized model's rounding
+    flips land anywhere): the correct artifact passes it, and the same runtime with every output 1%
+    too large is refused by it, not only by the accuracy gate."""
+    from libreyolo.export.base import ExportOptions
+    from libreyolo.export.validate import validate_artifact
+
+    model, report = demo_int8
+    opts = ExportOptions("onnx", IMGSZ, int8=True, data=str(shapes))
+    opts.calibration = int8_export.plan(model, str(shapes), IMGSZ)
+    runtime = LibreYOLO(report.path)
+    correct = validate_artifact(opts.calibration.quantized, get_exporter("onnx"), report.path, opts, runtime=runtime)
+    assert correct.status == "passed", correct.text()
+    forward = runtime._forward
+    runtime._forward = lambda x, **kw: {k: v * 1.01 for k, v in forward(x, **kw).items()}
+    wrong = validate_artifact(opts.calibration.quantized, get_exporter("onnx"), report.path, opts, runtime=runtime)
+    assert wrong.status == "failed"
+    assert [c for c in wrong.checks if not c["passed"] and c.get("quantile")], wrong.text()

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from libreyolo.utils.tolerance import FLOAT32_MULTIPLE
+
 # what to do when raw outputs differ but every decoded prediction matches
 _ADVICE_RAW_ONLY = (
     "every decoded prediction matches the eager model; only raw outputs are beyond the measured float32 noise. "
@@ -154,7 +156,12 @@ class ValidationReport:
                          f"(from float64: artifact {c.get('float64_error', 0):.3g}, eager "
                          f"{c.get('eager_float64_error', 0):.3g}; vs eager {c['max_abs_error']:.3g})  "
                          f"cosine {c['cosine']:.8f}")
-            if not c["passed"] and "index" in c:
+            q = c.get("quantile")
+            if not c["passed"] and q and q["ratio"] >= _num(c.get("ratio", 0.0)):
+                lines.append(f"      errors from float64 at quantile {q['q']:g}: artifact {q['artifact']:.3g}, allowed "
+                             f"{q['allowed']:.3g} (of the element's scale; {FLOAT32_MULTIPLE:g}x the quantized "
+                             "eager model's own)")
+            elif not c["passed"] and "index" in c:
                 lines.append(f"      element {c['index']}: eager {c['eager']:.7g}, artifact {c['artifact']:.7g}, "
                              f"float64 {c['float64']:.7g}, allowed {c['allowed']:.3g}"
                              + (f"; cosine below {c['min_cosine']:.8f}" if c["cosine"] < c["min_cosine"] else ""))
