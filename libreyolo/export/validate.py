@@ -185,24 +185,46 @@ def compare_group(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, 
             "eager": flat(e), "artifact": flat(g), "float64": flat(r), "passed": ok}
 
 
-def _compare_quantized(g: OutputGroup, run: dict, compared: dict, allowed: dict, min_cos: float, gap: float,
-                       quant_floor: bool) -> dict[str, Any]:
-    """One group of an INT8 artifact: its error distribution from float64 against the quantized eager
-    model's, quantile by quantile (:func:`~libreyolo.utils.tolerance.quantile_allowance`); element by
-    element no bar is tighter than eager's own largest error (flips included) times the multiple."""
+def _quantized_bars(groups: list[OutputGroup], runs: list[dict], quant_floor: bool) -> dict[str, torch.Tensor]:
+    """INT8: per group, the pooled error-quantile allowance (:func:`quantile_allowance`) from the
+    quantized eager model's own float32-vs-float64 errors over every probe."""
+    bars = {}
+    for g in groups:
+        pairs = [(r["eager_aligned"][g.output], r["e64"][g.output]) for r in runs if g.output in r["eager_aligned"]]
+        floors = ([(r["e16"][g.output], r["eager"][g.output]) for r in runs if r["e16"] is not None]
+                  if quant_floor else None)
+        bars[g.key] = quantile_allowance(g, pairs, floors)
+    return bars
+
+
+def _compare_quantized(g: OutputGroup, run: dict, compared: dict, allowed: dict, bar: torch.Tensor, min_cos: float,
+                       gap: float) -> dict[str, Any]:
+    """One group of an INT8 artifact on one probe, element by element: no bar tighter than the
+    quantized eager model's own largest error over every probe (flips included) times the multiple;
+    its error distribution is judged once, over all probes (:func:`_distribution_checks`)."""
     out = g.output
-    own = run["e16"][out] if quant_floor and run["e16"] is not None else None
-    bar = quantile_allowance(g, run["eager_aligned"][out], run["e64"][out], own)
     element_bar = allowed[out].clone()
     g.view(element_bar).copy_(bar[-1] * g.scale(run["e64"][out].double().cpu()))
-    check = compare_group(g, run["eager_aligned"][out], run["e64"][out], compared[out], element_bar, min_cos, gap)
-    if "shape" in check:
-        return check
-    ratio, q, mine, allowed_q = quantile_ratio(g, compared[out], run["e64"][out], bar)
-    check["quantile"] = {"q": q, "artifact": mine, "allowed": allowed_q, "ratio": ratio}
-    if ratio > check["ratio"]:
-        check.update(ratio=ratio, passed=bool(check["passed"] and ratio <= 1.0))
-    return check
+    return compare_group(g, run["eager_aligned"][out], run["e64"][out], compared[out], element_bar, min_cos, gap)
+
+
+def _distribution_checks(groups: list[OutputGroup], artifact: list[tuple[dict, dict]],
+                         bars: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """INT8: per group, the artifact's error quantiles from float64 over every probe against the
+    pooled allowance, ``artifact`` = [(its compared outputs, float64 outputs), ...]."""
+    checks = []
+    for g in groups:
+        pairs = [(got[g.output], ref[g.output]) for got, ref in artifact
+                 if g.output in got and tuple(got[g.output].shape) == tuple(ref[g.output].shape)]
+        if not pairs:
+            continue
+        ratio, q, mine, allowed_q = quantile_ratio(g, pairs, bars[g.key])
+        levels = ", ".join(f"{v:g}" for v in QUANTILES)
+        checks.append({"probe": "all probes", "output": g.output, "group": g.key, "kind": g.kind, "ratio": ratio,
+                       "passed": ratio <= 1.0, "quantile": {"q": q, "artifact": mine, "allowed": allowed_q},
+                       "line": f"{ratio:.2f}x allowance (error quantiles {levels} from float64; worst at {q:g}: "
+                               f"artifact {mine:.3g}, allowed {allowed_q:.3g} of the element's scale)"})
+    return checks
 
 
 def detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, wanted: int = 100) -> float:
@@ -425,14 +447,17 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
                             + (" and the format's own quantization's (in eager)" if quant_floor else "") + " down to "
                             f"IoU {ref_iou:.4f} with up to {worst_left} unexplained left-over(s) per image; detections "
                             f"are matched at IoU {iou_min:.3f} and up to {quant_leftovers} left-over(s) per image are "
-                            "allowed; raw outputs are compared as error distributions (quantiles "
+                            "allowed; raw outputs are compared as error distributions over all probes (quantiles "
                             f"{', '.join(f'{q:g}' for q in QUANTILES)} of the error from float64, each at most "
-                            f"{FLOAT32_MULTIPLE:g}x the quantized eager model's own), since its rounding flips land "
-                            "on other elements than the artifact's")
+                            f"{FLOAT32_MULTIPLE:g}x the quantized eager model's own at the quantile with "
+                            f"{1 + FLOAT32_MULTIPLE:g}x fewer elements above it), since its rounding flips land on "
+                            "other elements than the artifact's")
 
     capped = 0
     art_sample = None
     score_tol = FLOOR
+    bars = _quantized_bars(groups, runs, quant_floor) if opts.precision == "int8" else {}
+    judged: list[tuple[dict, dict]] = []  # INT8: (compared outputs, float64 outputs) of every probe
     for run in runs:
         picks, x, got = run["picks"], run["x"], run["got"]
         name = "+".join(dict.fromkeys(picks)) + (f" (batch {len(picks)})" if len(picks) > 1 else "")
@@ -469,11 +494,12 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
                 if run["e16"] is not None:
                     gap += FP16_DRIFT_FACTOR * (1.0 - _cosine(view(run["e16"][out]), view(run["eager"][out])))
                 if opts.precision == "int8":
-                    check = _compare_quantized(g, run, compared, allowed, min_cos, gap, quant_floor)
+                    check = _compare_quantized(g, run, compared, allowed, bars[g.key], min_cos, gap)
                 else:
                     check = compare_group(g, run["eager_aligned"][out], run["e64"][out], compared[out], allowed[out],
                                           min_cos, gap)
                 report.checks.append({"probe": name, "output": g.output, **check})
+            judged.append((compared, run["e64"]))
         # decoded: eager postprocessing of eager outputs against the artifact's own decoder
         plain = LetterboxMeta((x.shape[2], x.shape[3]), 1.0, (0.0, 0.0))
         metas = [sample_metas[0] if p == "sample" else plain for p in picks]
@@ -503,6 +529,8 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
                 if runtime.device.type != "cpu" else own_decode
             art_sample = {k: v.cpu() for k, v in on_device[0].items()}
 
+    if bars:
+        report.checks += _distribution_checks(groups, judged, bars)
     _check_preprocessing(model, runtime, opts, report)
     # the sample image through the artifact's complete predict(); the eager side is the same
     # letterbox + network + postprocess that eager predict() runs, computed above
