@@ -85,7 +85,8 @@ class Batcher:
 
         device = predict_kw.pop("device", None)
         self._device = resolve_device(PREDICT_OPTIONS["device"].check("device", device))
-        self._color_format = predict_kw.get("color_format", "bgr")
+        self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
+                                                                   predict_kw.pop("color_format", "bgr"))
         self.predict_kw = dict(predict_kw)
         self._prepare_options(predict_kw)  # every default checked now, before any request
         self._cond = threading.Condition()
@@ -147,6 +148,26 @@ class Batcher:
             return np.ascontiguousarray(img.original), img.path  # RGB: what predict() computes with
         return img.pixels, img.path
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise :class:`ArgumentError` when one request's options are wrong, as :meth:`submit` would."""
+        self._request_options(dict(options))
+
+    def _request_options(self, options: dict[str, Any]) -> tuple[str, tuple, dict[str, Any]]:
+        from libreyolo.engine.options import COMMON_PREDICT_OPTIONS
+
+        color_format = COMMON_PREDICT_OPTIONS["color_format"].check(
+            "color_format", options.pop("color_format", self._color_format))
+        return (color_format, *self._prepare_options(options))
+
+    def warmup(self, image: Any = None, **options: Any) -> None:
+        """Run every padded batch size once (``image``: a mid-grey frame by default), so that with
+        ``cuda_graph=True`` each size's graph is captured before the first request."""
+        frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
+        color_format, _, call = self._request_options(dict(options))
+        pixels, _ = self._prepare_image(frame, color_format)
+        for size in self.batch_sizes:
+            self._predict([pixels] * size, call, size)
+
     def submit(self, image: Any, **options: Any) -> concurrent.futures.Future:
         """Queue one image; the Future's result is its Results (or the exception of that image alone).
 
@@ -154,8 +175,7 @@ class Batcher:
         """
         if self._closed:
             raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
-        color_format = options.pop("color_format", self._color_format)
-        key, call = self._prepare_options(options)
+        color_format, key, call = self._request_options(dict(options))
         pixels, path = self._prepare_image(image, color_format)
         request = _Request(pixels, path, key, call)
         with self._cond:
