@@ -20,17 +20,19 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+import libreyolo
 from libreyolo import LibreYOLO
 from libreyolo.errors import ArgumentError, ImageError, MissingDependencyError
 from libreyolo.serve import Batcher, BatcherClosed
 
-SHAPES = __import__("libreyolo").__file__.rsplit("/", 1)[0] + "/assets/shapes.jpg"
+SHAPES = str(Path(libreyolo.__file__).parent / "assets" / "shapes.jpg")  # the demo detector's held-out image
 IMGSZ = 160
 CONF = 0.05
 
