@@ -14,6 +14,7 @@ from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
 from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
 from libreyolo.quant.options import QUANT_OPTIONS
+from libreyolo.serve.cli import SERVE_OPTS, cmd_serve
 from libreyolo.tasks import all_task_options
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
@@ -309,6 +310,7 @@ COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]]
     "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM)."),
     "compare": (cmd_compare, COMPARE_OPTS, "Re-validate an artifact against a checkpoint (exit 0: match)."),
     "quantize": (cmd_quantize, QUANTIZE_OPTS, "Calibrate simulated INT8/FP8 and write the quantized checkpoint."),
+    "serve": (cmd_serve, SERVE_OPTS, "Serve a model over HTTP (micro-batched; POST /predict, a page at /)."),
 }
 
 

@@ -138,8 +138,6 @@ def _check_file(path: Path, st: os.stat_result) -> None:
 
 def read_image_file(path: str | Path) -> np.ndarray:
     """Decode one image file to an upright HWC uint8 RGB array, or raise :class:`ImageError`."""
-    from PIL import Image
-
     path = Path(path)
     _check_file(path, _stat(path))
     try:  # non-blocking open: a file swapped for a FIFO after the check still cannot hang us
@@ -150,24 +148,40 @@ def read_image_file(path: str | Path) -> np.ndarray:
         what = _not_regular(os.fstat(f.fileno()).st_mode)
         if what is not None:
             raise ImageError(f"cannot read {path}: it is {what}, not a regular file; pass an image file")
-        try:
-            with warnings.catch_warnings():  # PIL's bomb warning: check_pixels refuses such an image itself
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                img = Image.open(f)
-            with img:
-                check_pixels(img.width, img.height, str(path))  # before decoding: PIL itself refuses only above 2x
-                img.load()
-                return _pil_to_rgb_array(img, str(path))
-        except ImageError:
-            raise
-        except Image.DecompressionBombError as exc:
-            raise ImageError(
-                f"refusing to decode {path}: {exc} If you trust this file, raise the limit first: "
-                "PIL.Image.MAX_IMAGE_PIXELS = <pixels> (None disables it)"
-            ) from None
-        except Exception as exc:  # PIL raises many types for hostile or truncated files
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ImageError(f"cannot read image {path}: the file is corrupt or not an image ({text})") from None
+        return _decode(f, str(path))
+
+
+def read_image_bytes(data: bytes | bytearray | memoryview, where: str = "image") -> np.ndarray:
+    """Decode an encoded image (JPEG, PNG, ... bytes) to an upright HWC uint8 RGB array, exactly as
+    :func:`read_image_file` decodes the same bytes from a file, or raise :class:`ImageError`."""
+    import io
+
+    if len(data) == 0:
+        raise ImageError(f"cannot read {where}: it is empty (0 bytes)")
+    return _decode(io.BytesIO(data), where)
+
+
+def _decode(f: Any, where: str) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():  # PIL's bomb warning: check_pixels refuses such an image itself
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(f)
+        with img:
+            check_pixels(img.width, img.height, where)  # before decoding: PIL itself refuses only above 2x
+            img.load()
+            return _pil_to_rgb_array(img, where)
+    except ImageError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageError(
+            f"refusing to decode {where}: {exc} If you trust this file, raise the limit first: "
+            "PIL.Image.MAX_IMAGE_PIXELS = <pixels> (None disables it)"
+        ) from None
+    except Exception as exc:  # PIL raises many types for hostile or truncated files
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ImageError(f"cannot read image {where}: the file is corrupt or not an image ({text})") from None
 
 
 def check_pixels(width: int, height: int, where: str) -> None:

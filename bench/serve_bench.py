@@ -1,0 +1,200 @@
+"""Serving throughput: the micro-batching Batcher against one request per forward, under N client threads.
+
+    PYTHONPATH=. python3 bench/serve_bench.py --out bench/results/<date>-serve-h200.json            # CUDA, graphs
+    PYTHONPATH=. python3 bench/serve_bench.py --half --out ...                                       # fp16
+    PYTHONPATH=. python3 bench/serve_bench.py --quick --out /tmp/serve-smoke.json                    # CPU smoke
+
+Each of ``--clients`` threads sends ``--requests`` single-image requests back to back (a closed
+loop: a client sends its next request when the last one is answered). Modes:
+
+- ``lock``: every request is one ``model.predict(image)`` under a lock (one forward per request;
+  the lock is what a thread-safe single-model server needs to keep requests from interleaving);
+- ``batcher``: ``libreyolo.serve.Batcher(model, max_batch, max_wait_ms)``, which coalesces the
+  waiting requests into one forward padded to a power of two.
+
+Both run ``cuda_graph=True`` on CUDA (graphs captured during the warm-up: batch 1 for ``lock``,
+every padded size for ``batcher``). Reported per mode and client count: throughput (requests/s),
+latency p50/p99 (ms, from submit to result), and for the batcher the mean batch and queue wait.
+``exact``: the share of requests whose boxes equal (``torch.equal``) a direct single ``predict()``
+of the same image, and the largest box-coordinate difference where the counts agree (a batched
+forward may round differently from a single one: see README, "Serving"). Targets at 32 clients:
+batcher throughput >= 4x lock, batcher p99 < 25 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from libreyolo import SAMPLE_IMAGE, LibreYOLO  # noqa: E402
+from libreyolo.serve import Batcher  # noqa: E402
+
+
+def frames(n: int = 8) -> list[np.ndarray]:
+    """``n`` distinct BGR frames of one size (the sample image, flipped, shifted, with noise)."""
+    from PIL import Image
+
+    base = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB").resize((640, 480)))[:, :, ::-1]
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        f = base[:, ::-1] if i % 2 else base
+        f = np.roll(f, 16 * i, axis=1)
+        noise = rng.integers(-8, 9, size=f.shape, dtype=np.int16)
+        out.append(np.clip(f.astype(np.int16) + noise, 0, 255).astype(np.uint8))
+    return out
+
+
+def run_clients(call, images: list[np.ndarray], clients: int, requests: int) -> tuple[float, list[float], list]:
+    """(wall seconds, latencies in ms, (image index, result) pairs) of ``clients`` closed-loop threads."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    outputs: list[list] = [[] for _ in range(clients)]
+    start = threading.Barrier(clients + 1)
+
+    def client(c: int) -> None:
+        start.wait()
+        for r in range(requests):
+            i = (c + r) % len(images)
+            t0 = time.perf_counter()
+            result = call(images[i])
+            latencies[c].append((time.perf_counter() - t0) * 1e3)
+            outputs[c].append((i, result))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, [x for lat in latencies for x in lat], [x for out in outputs for x in out]
+
+
+def exactness(outputs: list, reference: list) -> dict[str, Any]:
+    exact, worst = 0, 0.0
+    for i, r in outputs:
+        want = reference[i].boxes
+        got = r.boxes
+        if all(torch.equal(getattr(got, k), getattr(want, k)) for k in ("xyxy", "conf", "cls")):
+            exact += 1
+        elif got.xyxy.shape == want.xyxy.shape:
+            worst = max(worst, float((got.xyxy - want.xyxy).abs().max()) if got.xyxy.numel() else 0.0)
+    return {"exact": round(exact / len(outputs), 4), "max_box_diff": worst}
+
+
+def pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="LibreYOLO9t.yaml", help="checkpoint, architecture yaml or artifact")
+    ap.add_argument("--imgsz", type=int, default=None, help="default: the model's (640 for yolo9-t)")
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--half", action="store_true", help="fp16 (CUDA)")
+    ap.add_argument("--no-graph", action="store_true", help="eager forwards even on CUDA")
+    ap.add_argument("--clients", default="1,8,32,64", help="comma list of client thread counts")
+    ap.add_argument("--requests", type=int, default=64, help="requests per client")
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--conf", type=float, default=0.25)
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: imgsz 160, 1 and 4 clients, 6 requests")
+    ap.add_argument("--out", required=True, help="JSON path to write")
+    args = ap.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    clients = [int(c) for c in args.clients.split(",")]
+    requests, imgsz = args.requests, args.imgsz
+    if args.quick:
+        clients, requests, imgsz = [1, 4], 6, imgsz or 160
+        args.max_batch = min(args.max_batch, 4)
+    cuda = device.startswith("cuda")
+    graph = cuda and not args.no_graph
+
+    model = LibreYOLO(args.model, device=device)
+    kw: dict[str, Any] = {"imgsz": imgsz or model.imgsz, "conf": args.conf, "half": args.half or None}
+    if graph:
+        kw["cuda_graph"] = True
+    images = frames()
+    reference = [model(f, **{k: v for k, v in kw.items() if k != "cuda_graph"}) for f in images]  # eager, single
+
+    lock = threading.Lock()
+
+    def locked(image: np.ndarray) -> Any:
+        with lock:
+            return model(image, **kw)
+
+    rows = []
+    print(f"{'mode':<8} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} {'wait ms':>8} "
+          f"{'exact':>6} {'max diff':>9}")
+    for n in clients:
+        for mode in ("lock", "batcher"):
+            batcher = None
+            if mode == "lock":
+                call = locked
+                for f in images[:3]:  # warm-up (captures the batch-1 graph)
+                    locked(f)
+            else:
+                batcher = Batcher(model, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, device=device, **kw)
+                batcher.warmup(images[0])  # every padded size once: graphs captured before timing
+                call = batcher.predict
+            if cuda:
+                torch.cuda.synchronize()
+            wall, latencies, outputs = run_clients(call, images, n, requests)
+            stats = batcher.stats() if batcher else {}
+            if batcher:
+                batcher.close()
+            row = {"mode": mode, "clients": n, "requests": len(latencies), "req_per_s": round(len(latencies) / wall, 2),
+                   "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
+                   "mean_ms": round(statistics.fmean(latencies), 3), **exactness(outputs, reference)}
+            if batcher:
+                row.update(mean_batch=stats["mean_batch"], queue_wait_ms_mean=stats["queue_wait_ms_mean"],
+                           batches_by_size=stats["batches_by_size"])
+            rows.append(row)
+            print(f"{mode:<8} {n:>7} {row['req_per_s']:>9.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
+                  f"{row.get('mean_batch') or 1:>6.2f} {row.get('queue_wait_ms_mean') or 0:>8.2f} "
+                  f"{row['exact']:>6.2f} {row['max_box_diff']:>9.2e}", flush=True)
+
+    def find(mode: str, n: int) -> dict | None:
+        return next((r for r in rows if r["mode"] == mode and r["clients"] == n), None)
+
+    targets = {}
+    at32 = (find("batcher", 32), find("lock", 32))
+    if all(at32):
+        speedup = at32[0]["req_per_s"] / at32[1]["req_per_s"]
+        targets = {"speedup_at_32_clients": round(speedup, 2), "speedup_goal": 4.0, "speedup_met": speedup >= 4.0,
+                   "batcher_p99_ms_at_32_clients": at32[0]["p99_ms"], "p99_goal_ms": 25.0,
+                   "p99_met": at32[0]["p99_ms"] < 25.0}
+        print(f"32 clients: batcher {speedup:.2f}x lock (goal >= 4x), p99 {at32[0]['p99_ms']:.2f} ms (goal < 25 ms)")
+    report = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "model": args.model, "device": device,
+        "gpu": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
+        "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "settings": {**{k: v for k, v in kw.items()}, "max_batch": args.max_batch,
+                                                          "max_wait_ms": args.max_wait_ms, "requests_per_client":
+                                                          requests, "quick": args.quick},
+        "rows": rows, "targets": targets,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from libreyolo.checkpoint import atomic_write
+
+    atomic_write(out, lambda tmp: tmp.write_text(json.dumps(report, indent=1) + "\n"))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

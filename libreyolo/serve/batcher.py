@@ -1,0 +1,310 @@
+"""Micro-batching: concurrent single-image requests coalesced into one ``predict()`` per batch.
+
+Callers (threads, or asyncio tasks through :meth:`Batcher.apredict`) submit one image each. Each
+image is decoded and its options checked in the caller, so a bad image or option fails only its
+own request, before it can reach a batch. One worker thread takes the oldest request, waits at
+most ``max_wait_ms`` (from that request's arrival) for up to ``max_batch`` requests, groups them
+by their options (requests with different ``imgsz``/``conf``/... never share a forward) and runs
+one ``model.predict([...])`` per group, padded to one of a few fixed batch sizes (powers of two up
+to ``max_batch``) by repeating an image, so with ``cuda_graph=True`` a graph is captured once per
+size and replayed afterwards. The padding's results are dropped. When a batch raises, its images
+are run again one at a time, so only the culprit gets the exception.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
+from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
+
+_KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
+
+
+class BatcherClosed(LibreYOLOError, RuntimeError):
+    """A request came after :meth:`Batcher.close`."""
+
+
+@dataclass
+class _Request:
+    image: Any                      # an RGB HWC uint8 array or a CHW tensor, as predict() takes it
+    path: str | None
+    key: tuple                      # the options that change the computation, canonical and hashable
+    call: dict[str, Any]            # those options, as predict() keywords
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    t_submit: float = field(default_factory=time.perf_counter)
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return tuple(_hashable(v) for v in items)
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
+def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``max_batch`` (which is included even when not a power of two)."""
+    sizes, n = [], 1
+    while n < max_batch:
+        sizes.append(n)
+        n *= 2
+    return (*sizes, max_batch)
+
+
+class Batcher:
+    """Serve one model to many concurrent callers, batching their requests.
+
+    ``Batcher(model, max_batch=8, max_wait_ms=2, **predict_kw)``; ``predict_kw`` are ``predict()``
+    options applied to every request (``imgsz``, ``half``, ``cuda_graph``, ``device``, ``conf``, ...).
+    ``batcher(image, **options)`` returns that image's :class:`~libreyolo.results.Results`;
+    ``await batcher.apredict(image, **options)`` is the asyncio form, ``batcher.submit(...)``
+    returns a :class:`concurrent.futures.Future`. ``options`` override ``predict_kw`` for one
+    request; requests are batched only with requests of the same options. ``image`` is one
+    image: a path, encoded bytes, a PIL image, a numpy array (BGR unless ``color_format="rgb"``)
+    or a tensor. Use as a context manager, or call :meth:`close`, which finishes queued requests.
+    """
+
+    def __init__(self, model: Any, *, max_batch: int = 8, max_wait_ms: float = 2.0,
+                 batch_sizes: Sequence[int] | None = None, **predict_kw: Any) -> None:
+        self.model = model
+        self.max_batch = BATCHER_OPTIONS["max_batch"].check("max_batch", max_batch)
+        self.max_wait_ms = BATCHER_OPTIONS["max_wait_ms"].check("max_wait_ms", max_wait_ms)
+        self.batch_sizes = self._check_sizes(batch_sizes)
+        from libreyolo.engine.options import PREDICT_OPTIONS
+        from libreyolo.utils.checks import resolve_device
+
+        device = predict_kw.pop("device", None)
+        self._device = resolve_device(PREDICT_OPTIONS["device"].check("device", device))
+        self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
+                                                                   predict_kw.pop("color_format", "bgr"))
+        self.predict_kw = dict(predict_kw)
+        self._prepare_options(predict_kw)  # every default checked now, before any request
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._closed = False
+        self._counts = {"requests": 0, "failed": 0, "batches": 0, "images": 0, "padded": 0, "retried_batches": 0}
+        self._latency: collections.deque[float] = collections.deque(maxlen=_KEEP)
+        self._wait: collections.deque[float] = collections.deque(maxlen=_KEEP)
+        self._by_size: collections.Counter[int] = collections.Counter()
+        self._worker = threading.Thread(target=self._run, name="libreyolo-batcher", daemon=True)
+        self._worker.start()
+
+    def _check_sizes(self, sizes: Sequence[int] | None) -> tuple[int, ...]:
+        if sizes is None:
+            return default_batch_sizes(self.max_batch)
+        checked = sorted({BATCHER_OPTIONS["max_batch"].check("batch_sizes", s) for s in sizes})
+        if not checked or checked[-1] != self.max_batch:
+            raise ArgumentError(f"batch_sizes must include max_batch={self.max_batch} and only sizes from 1 to it, "
+                                f"got {list(sizes)}; leave it unset for 1, 2, 4, ... {self.max_batch}")
+        return tuple(checked)
+
+    # --- requests ----------------------------------------------------------------------------
+    def _prepare_options(self, options: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """(grouping key, predict() keywords) of one request's options, checked by predict's schema."""
+        from libreyolo.engine.options import COMMON_PREDICT_OPTIONS
+        from libreyolo.options import check_input_budget
+
+        refused = sorted(k for k in options if k in NOT_PER_REQUEST)
+        if refused:
+            raise ArgumentError(f"{', '.join(refused)} cannot be set on a batched request: the Batcher sets the "
+                                "batch and runs on one device (give device= to Batcher()); leave the rest out")
+        merged = {**self.predict_kw, **options}
+        common = {k: COMMON_PREDICT_OPTIONS[k].check(k, merged.pop(k)) for k in list(merged)
+                  if k in COMMON_PREDICT_OPTIONS}
+        common.pop("color_format", None)  # decoding happens before batching: not part of the key
+        task = self.model.predict_options(**merged)  # unknown or wrong options raise here
+        imgsz = self.model.family.check_imgsz(self.model.imgsz if common.get("imgsz") is None else common["imgsz"])
+        check_input_budget(self.max_batch, imgsz, explicit=True)
+        common["imgsz"] = imgsz
+        call = {**common, **{k: task[k] for k in merged if k in task}}
+        key = _hashable({**common, **dict(task)})
+        return key, call
+
+    def _prepare_image(self, image: Any, color_format: str) -> tuple[Any, str | None]:
+        """The request's image decoded now, as one predict() input: an RGB array or a CHW tensor."""
+        from libreyolo.data.sources import open_sources, read_image_bytes
+
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return read_image_bytes(image, "the uploaded image"), None
+        if isinstance(image, (list, tuple)):
+            raise ImageError(f"a request takes one image, got a {type(image).__name__} of {len(image)}; "
+                             "submit each image as its own request")
+        plan = open_sources(image, color_format=color_format)
+        if not plan.single:
+            raise ImageError(f"a request takes one image, got {len(plan)} (a directory or a batch); "
+                             "submit each image as its own request")
+        (img,), = plan.batches(1, skip_unreadable=False)
+        if img.hwc:
+            return np.ascontiguousarray(img.original), img.path  # RGB: what predict() computes with
+        return img.pixels, img.path
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise :class:`ArgumentError` when one request's options are wrong, as :meth:`submit` would."""
+        self._request_options(dict(options))
+
+    def _request_options(self, options: dict[str, Any]) -> tuple[str, tuple, dict[str, Any]]:
+        from libreyolo.engine.options import COMMON_PREDICT_OPTIONS
+
+        color_format = COMMON_PREDICT_OPTIONS["color_format"].check(
+            "color_format", options.pop("color_format", self._color_format))
+        return (color_format, *self._prepare_options(options))
+
+    def warmup(self, image: Any = None, **options: Any) -> None:
+        """Run every padded batch size once (``image``: a mid-grey frame by default), so that with
+        ``cuda_graph=True`` each size's graph is captured before the first request."""
+        frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
+        color_format, _, call = self._request_options(dict(options))
+        pixels, _ = self._prepare_image(frame, color_format)
+        for size in self.batch_sizes:
+            self._predict([pixels] * size, call, size)
+
+    def submit(self, image: Any, **options: Any) -> concurrent.futures.Future:
+        """Queue one image; the Future's result is its Results (or the exception of that image alone).
+
+        Bad options or an undecodable image raise here, in the caller, and never reach a batch.
+        """
+        if self._closed:
+            raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
+        color_format, key, call = self._request_options(dict(options))
+        pixels, path = self._prepare_image(image, color_format)
+        request = _Request(pixels, path, key, call)
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
+            self._queue.append(request)
+            self._counts["requests"] += 1
+            self._cond.notify_all()
+        return request.future
+
+    def predict(self, image: Any, *, timeout: float | None = None, **options: Any) -> Any:
+        """The Results of one image (blocks until its batch has run)."""
+        return self.submit(image, **options).result(timeout)
+
+    __call__ = predict
+
+    async def apredict(self, image: Any, **options: Any) -> Any:
+        """``await batcher.apredict(image)``: decoding runs in a thread, then the request waits for its batch."""
+        future = await asyncio.to_thread(self.submit, image, **options)
+        return await asyncio.wrap_future(future)
+
+    # --- the worker ----------------------------------------------------------------------------
+    def _next_group(self) -> list[_Request] | None:
+        """The oldest request and up to max_batch - 1 more with its options; None once closed and drained."""
+        with self._cond:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            deadline = self._queue[0].t_submit + self.max_wait_ms / 1e3
+            while len(self._queue) < self.max_batch and not self._closed:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            key = self._queue[0].key
+            group, rest = [], collections.deque()
+            while self._queue:
+                r = self._queue.popleft()
+                (group if r.key == key and len(group) < self.max_batch else rest).append(r)
+            self._queue = rest
+        return [r for r in group if r.future.set_running_or_notify_cancel()]  # drop cancelled ones
+
+    def _run(self) -> None:
+        while True:
+            group = self._next_group()
+            if group is None:
+                return
+            if not group:
+                continue
+            try:
+                self._run_group(group)
+            except Exception as exc:  # a bug of ours must not strand the callers or stop the worker
+                for r in group:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+
+    def _run_group(self, group: list[_Request]) -> None:
+        start = time.perf_counter()
+        size = next(s for s in self.batch_sizes if s >= len(group))
+        images = [r.image for r in group] + [group[-1].image] * (size - len(group))
+        try:
+            results = self._predict(images, group[0].call, size)
+            outcomes: list[tuple[Any, BaseException | None]] = [(r, None) for r in results[:len(group)]]
+        except Exception:  # one image may be the culprit: run each alone so only it fails
+            self._counts["retried_batches"] += 1
+            outcomes = []
+            for r in group:
+                try:
+                    outcomes.append((self._predict([r.image], r.call, 1)[0], None))
+                except Exception as exc:
+                    outcomes.append((None, exc))
+        done = time.perf_counter()
+        with self._cond:
+            self._counts["batches"] += 1
+            self._counts["images"] += len(group)
+            self._counts["padded"] += size - len(group)
+            self._by_size[size] += 1
+            for r, (_, exc) in zip(group, outcomes, strict=True):
+                self._wait.append(start - r.t_submit)
+                self._latency.append(done - r.t_submit)
+                self._counts["failed"] += exc is not None
+        for r, (result, exc) in zip(group, outcomes, strict=True):
+            if exc is not None:
+                r.future.set_exception(exc)
+            else:
+                if r.path is not None:
+                    result.path = r.path
+                r.future.set_result(result)
+
+    def _predict(self, images: list[Any], call: dict[str, Any], size: int) -> list[Any]:
+        out = self.model.predict(images, batch=size, device=self._device, color_format="rgb", **call)
+        if len(out) != len(images):  # predict() skips unreadable list items; ours were decoded already
+            raise ImageError(f"predict() returned {len(out)} results for {len(images)} images")
+        return out
+
+    # --- state ----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Requests, batches, mean batch (real images per forward), padding, queue wait and latency
+        (mean, p50, p99 in ms over the last 10,000 requests), batches per padded size."""
+        with self._cond:
+            c = dict(self._counts)
+            lat, wait = np.array(self._latency) * 1e3, np.array(self._wait) * 1e3
+            by_size = dict(sorted(self._by_size.items()))
+            queued = len(self._queue)
+
+        def pct(a: np.ndarray, q: float) -> float | None:
+            return round(float(np.percentile(a, q)), 3) if a.size else None
+
+        return {**c, "queued": queued, "mean_batch": round(c["images"] / c["batches"], 3) if c["batches"] else None,
+                "batches_by_size": by_size, "queue_wait_ms_mean": round(float(wait.mean()), 3) if wait.size else None,
+                "queue_wait_ms_p50": pct(wait, 50), "latency_ms_p50": pct(lat, 50), "latency_ms_p99": pct(lat, 99),
+                "max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms, "batch_sizes": list(self.batch_sizes),
+                "closed": self._closed}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish the queued ones, stop the worker (waits at most ``timeout`` s)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout)
+
+    def __enter__(self) -> Batcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
