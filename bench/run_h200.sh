@@ -75,3 +75,11 @@ if [ "$phase" = issue24-train ]; then
     --json "$out/$day-train-loop-rtmdet-h200.json" > "$out/$day-train-loop-rtmdet-h200.log" 2>&1
   echo "train loop rc=$?"; grep -v Warning "$out/$day-train-loop-rtmdet-h200.log" | tail -12
 fi
+if [ "$phase" = issue27 ]; then
+  # the Batcher against one forward per request (a lock around predict()), yolo9-t with CUDA graphs,
+  # at 1, 8, 32 and 64 client threads; fp32, then fp16
+  timeout 280 python -u bench/serve_bench.py --out "$out/$day-serve-h200.json" > "$out/$day-serve-h200.log" 2>&1
+  echo "serve fp32 rc=$?"; tail -14 "$out/$day-serve-h200.log"
+  timeout 240 python -u bench/serve_bench.py --half --out "$out/$day-serve-h200-fp16.json" > "$out/$day-serve-h200-fp16.log" 2>&1
+  echo "serve fp16 rc=$?"; tail -14 "$out/$day-serve-h200-fp16.log"
+fi
