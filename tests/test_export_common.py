@@ -96,3 +96,20 @@ STANDARD_ONNX_OPS = {
 }
 FUSED_OR_CUSTOM = ("Attention", "MultiHeadAttention", "scaled_dot_product", "flash", "com.microsoft", "libreyolo",
                    "kernels::", "triton", "ms_deform")
+
+
+def test_a_box_clipped_flat_at_the_image_edge_matches_by_its_coordinates():
+    """A box of (nearly) zero height at the image's edge (0.19 px against 0.01 px: IoU 0.06) is the same
+    box when every coordinate is within what IoU 0.99 allows a square of its longer side; a normal box
+    moved by 1% of its side is not matched (only a tie swap, with its own rules, could explain it)."""
+    import torch
+
+    from libreyolo.export.matching import match_detections
+
+    def dets(*boxes):
+        return {"xyxy": torch.tensor(boxes), "conf": torch.ones(len(boxes)), "cls": torch.zeros(len(boxes))}
+    kw = {"conf": 0.25, "max_det": 300, "iou_min": 0.99, "score_tol": 1e-3}
+    flat = match_detections(dets([0.0, 479.81, 640.0, 480.0]), dets([0.0, 479.99, 640.0, 480.0]), **kw)
+    assert flat["passed"] and flat["matched"] == 1, flat
+    moved = match_detections(dets([100.0, 100.0, 120.0, 120.0]), dets([100.2, 100.0, 120.2, 120.0]), **kw)
+    assert moved["matched"] == 0, moved

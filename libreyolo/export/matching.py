@@ -28,6 +28,14 @@ def match_detections(ref: dict, got: dict, *, conf: float, max_det: int, iou_min
     gb, gs, gc = got["xyxy"].float().cpu(), got["conf"].float().cpu(), got["cls"].cpu()
     iou = box_iou(rb, gb) if len(rb) and len(gb) else torch.zeros(len(rb), len(gb))
     iou = iou * (rc[:, None] == gc[None, :])
+    # IoU says nothing about a box with a (nearly) zero side, e.g. one clipped to the image edge: 0.2 px
+    # against 0.01 px of height is IoU 0.06. Such a pair matches when every coordinate is within the
+    # error that IoU iou_min allows a square of the box's longer side, (1 - iou_min) / 4 of it
+    if len(rb) and len(gb):
+        side = (rb[:, 2:] - rb[:, :2]).amax(1, keepdim=True)
+        close = (rb[:, None, :] - gb[None, :, :]).abs().amax(-1) <= (1.0 - iou_min) / 4 * side
+        degenerate = close & (iou < iou_min) & (rc[:, None] == gc[None, :])
+        iou = torch.where(degenerate, torch.full_like(iou, iou_min), iou)
     used = torch.zeros(len(gb), dtype=torch.bool)
     matched, ious, dconf, dbox = [], [], [], []
     ref_hit = torch.zeros(len(rb), dtype=torch.bool)
