@@ -111,10 +111,10 @@ class TritonPredictor(ArtifactPredictor):
 
     def _run(self, batch: torch.Tensor) -> list[torch.Tensor]:
         step = self.max_batch if self.max_batch > 0 else int(batch.shape[0])
-        parts = [self._infer(batch[i:i + step]) for i in range(0, int(batch.shape[0]), step)]
+        parts = [self._request(batch[i:i + step]) for i in range(0, int(batch.shape[0]), step)]
         return [torch.cat([p[k] for p in parts]) for k in range(len(self.output_names))]
 
-    def _infer(self, batch: torch.Tensor) -> list[torch.Tensor]:
+    def _request(self, batch: torch.Tensor) -> list[torch.Tensor]:
         data = np.ascontiguousarray(batch.cpu().numpy())
         request = self._protocol.InferInput(self.input_name, list(data.shape), self._datatype)
         request.set_data_from_numpy(data)
