@@ -379,3 +379,21 @@ def test_cli_bad_input_prints_one_line_and_exits_non_zero(argv, message, capsys,
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "model_repository").exists()
+
+
+def test_exporting_again_replaces_its_own_model_folder_whole(served_nms, tmp_path, monkeypatch):
+    import shutil
+
+    from libreyolo.export import triton as triton_exporter
+
+    repo = tmp_path / "repo"
+    shutil.copytree(served_nms.path, repo / "yolo-nms")
+    (repo / "other-model").mkdir()  # the rest of the repository is left alone
+    # the trace is the served model's own graph (tracing again would only cost time here)
+    monkeypatch.setattr(triton_exporter, "export_onnx",
+                        lambda module, example, path, opts: shutil.copy(model_file(served_nms.path), path))
+    report = model().export(format="triton", imgsz=IMGSZ, output=repo, name="yolo-nms", nms=True, verbose=False,
+                            max_batch=3, validate=False)
+    assert parse_config((report.path / CONFIG).read_text()).max_batch_size == 3
+    assert sorted(p.name for p in repo.iterdir()) == ["other-model", "yolo-nms"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]  # no build or old folder left beside it
