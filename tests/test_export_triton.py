@@ -340,6 +340,16 @@ def test_bad_triton_options_are_refused_before_anything_is_built(tmp_path, opts,
     assert not list(tmp_path.iterdir())
 
 
+def test_a_family_with_a_static_batch_axis_is_refused(tmp_path, monkeypatch):
+    import dataclasses
+
+    m = model()
+    monkeypatch.setattr(type(m.family), "export", dataclasses.replace(m.family.export, dynamic_batch=False))
+    with pytest.raises(ArgumentError, match="format=triton needs a dynamic batch axis"):
+        m.export(format="triton", output=tmp_path / "repo", imgsz=64, verbose=False)
+    assert not list(tmp_path.iterdir())
+
+
 def test_triton_options_are_refused_for_other_formats(tmp_path):
     with pytest.raises(ArgumentError, match="max_batch applies only to format=triton, not format=onnx"):
         model().export(format="onnx", output=tmp_path / "m.onnx", max_batch=4, verbose=False)

@@ -74,6 +74,7 @@ class Exporter:
     toolchain: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the metadata
     is_directory: ClassVar[bool] = False
     dynamic_shapes: ClassVar[bool] = False   # can the artifact take a dynamic batch size
+    batch_axis_dynamic: ClassVar[bool] = False  # the batch axis is dynamic whatever `dynamic` says
     dynamic_spatial: ClassVar[bool] = True   # ... and a dynamic height/width, where the family allows it
     half: ClassVar[str] = "no"               # "no", "cuda" (fp16 export needs a CUDA device) or "any"
     embedded_nms: ClassVar[bool] = False

@@ -58,6 +58,9 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
                             "export with dynamic=False and the batch/imgsz you will run with")
     if dynamic and not contract.dynamic_batch:
         raise ArgumentError(f"family {model.family.name} declares static shapes; dynamic=True is not possible")
+    if exporter.batch_axis_dynamic and not contract.dynamic_batch:
+        raise ArgumentError(f"format={fmt} needs a dynamic batch axis (its server batches requests along it), but "
+                            f"family {model.family.name} declares static shapes; export format=onnx instead")
     if not exporter.onnx_options and (opset is not None or simplify):
         raise ArgumentError(f"opset/simplify apply to ONNX-based formats, not format={fmt}")
     autotune = _flag("autotune", autotune)

@@ -176,6 +176,7 @@ class TritonExporter(Exporter):
     toolchain = ("onnx", "onnxruntime", "onnxslim")
     is_directory = True
     dynamic_shapes = True
+    batch_axis_dynamic = True  # Triton batches requests along axis 0 (max_batch_size > 0)
     half = "cuda"
     embedded_nms = True
     onnx_options = True
