@@ -93,6 +93,9 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
       checkpoint of that name (``"LibreYOLO9t-shapes.pt"``, the demo detector of coloured shapes).
     - ``"LibreYOLO9t.yaml"``: the untrained architecture (``nc``/``names`` set the classes).
     - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2"``: an exported artifact through its runtime.
+    - ``"grpc://host:8001/name"`` or ``"http://host:8000/name"``: a model served by Triton Inference Server
+      (exported with ``format="triton"``; ``pip install 'libreyolo[triton]'``); a local Triton model folder
+      (``<repository>/<name>``) runs the ``model.onnx`` it serves with ONNX Runtime.
 
     ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (anything else is an error).
     ``verify`` (default True): refuse checkpoints whose weights hold NaN/Inf, and artifacts whose
@@ -104,12 +107,20 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
     if not isinstance(model, (str, Path)):
         raise ArgumentError(f"model must be a path or a name such as 'LibreYOLO9t.pt', got {type(model).__name__}")
     verify = parse_bool("verify", verify)
+    from libreyolo.runtimes import triton
+
+    if triton.is_url(model):  # only a Triton model (host:port/name); other URLs are refused, never fetched
+        if nc is not None or names is not None:
+            raise ArgumentError("nc/names do not apply to a Triton model: its classes come from the server's config")
+        return triton.load(str(model), device=device, verify=verify, **runtime_kwargs)
     dev = resolve_device(device)
     path = Path(model)
     _check_link(path)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
         return _from_yaml(path, nc, names, dev)
+    if triton.is_model_folder(path):  # <repository>/<name> of export(format="triton"): the model.onnx it serves
+        return triton.load(path, device=dev, verify=verify, **runtime_kwargs)
     if suffix in ARTIFACT_SUFFIXES:
         import importlib
 

@@ -304,7 +304,7 @@ def cmd_quantize(args: dict[str, Any]) -> int:
 
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
-    "export": (cmd_export, EXPORT_OPTS, "Export a model to ONNX, ExecuTorch, CoreML or TensorRT, validated."),
+    "export": (cmd_export, EXPORT_OPTS, "Export to ONNX, ExecuTorch, CoreML, TensorRT, AOTI or Triton, validated."),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "One row per format: size, validation, error, metric, speed."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
     "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM)."),

@@ -281,7 +281,8 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
         if why:
             graph.status, graph.reason = "not run", why
         rows.append(graph)
-    chosen = list(FORMATS) if formats is None else (parse_formats(formats) or [])  # aliases: pte, pt2, ...
+    chosen = ([f for f in FORMATS if get_exporter(f).benchmarked] if formats is None
+              else (parse_formats(formats) or []))  # aliases: pte, pt2, ...
     keep = save_dir is not None
     folder = Path(save_dir) if keep else Path(tempfile.mkdtemp(prefix="libreyolo-benchmark-"))
     if keep:

@@ -391,7 +391,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
             net.train(was_training)
 
     def export(self, format: str = "onnx", **opts: Any):  # noqa: A002 - the name users know
-        """Export to ``onnx``/``executorch``/``coreml``/``tensorrt``, validated against this model.
+        """Export to ``onnx``/``executorch``/``coreml``/``tensorrt``/``aoti``/``triton``, validated against this model.
         ``int8=True, data=...`` (or a quantized model) writes an INT8 artifact (README, Quantization).
 
         Returns an :class:`~libreyolo.export.ExportReport` (``str(report)`` is the artifact path).

@@ -50,6 +50,7 @@ class ExportOptions:
     data: str | None = None         # int8: calibration and accuracy-gate dataset
     max_drop: float = 0.02          # int8: the accuracy gate's largest allowed metric drop
     calibration: Any = None         # int8: the Int8Plan (quantized eager model, calibration batches)
+    format_options: dict[str, Any] = field(default_factory=dict)  # options of one format (Exporter.format_options)
 
     @property
     def precision(self) -> str:
@@ -60,7 +61,7 @@ class ExportOptions:
                 "opset": self.opset, "simplify": self.simplify, "nms": self.nms is not None,
                 "device": str(self.device), "workspace": self.workspace, "validate": self.validate,
                 **({"autotune": True} if self.autotune else {}),
-                **({"int8": True, "max_drop": self.max_drop} if self.int8 else {})}
+                **({"int8": True, "max_drop": self.max_drop} if self.int8 else {}), **self.format_options}
 
 
 class Exporter:
@@ -73,6 +74,7 @@ class Exporter:
     toolchain: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the metadata
     is_directory: ClassVar[bool] = False
     dynamic_shapes: ClassVar[bool] = False   # can the artifact take a dynamic batch size
+    batch_axis_dynamic: ClassVar[bool] = False  # the batch axis is dynamic whatever `dynamic` says
     dynamic_spatial: ClassVar[bool] = True   # ... and a dynamic height/width, where the family allows it
     half: ClassVar[str] = "no"               # "no", "cuda" (fp16 export needs a CUDA device) or "any"
     embedded_nms: ClassVar[bool] = False
@@ -82,9 +84,29 @@ class Exporter:
     # INT8: "no"; "qdq": the graph of quantize()'s simulated layers (libreyolo.quant.qdq) is exported;
     # "own": the float graph is exported and the format's toolchain quantizes it from the calibration data
     int8_mode: ClassVar[str] = "no"
+    # options of this format alone (libreyolo.export.options.FORMAT_OPTIONS), in opts.format_options
+    format_options: ClassVar[tuple[str, ...]] = ()
+    # part of `libreyolo benchmark`'s default formats (False: it runs the same file as another row)
+    benchmarked: ClassVar[bool] = True
 
     def check(self, opts: ExportOptions) -> None:
         """Format-specific argument checks, before anything is built."""
+
+    def resolve_output(self, model: Any, output: Any, name: Any) -> Path:
+        """Where the artifact goes (checked before anything is built); the default is one file or
+        package named by the format's suffix (:func:`libreyolo.export.driver.default_output`)."""
+        from libreyolo.export.driver import default_output
+
+        return default_output(model, self, output, name)
+
+    def work_parent(self, final: Path) -> Path:
+        """The folder that holds the hidden build folder: on the file system of ``final``, so the
+        finished artifact is renamed into place."""
+        return final.parent
+
+    def report_notes(self, final: Path, opts: ExportOptions) -> list[str]:
+        """Lines the export report adds about this format (what was and was not checked here)."""
+        return []
 
     def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
               work: Path) -> None:
@@ -118,14 +140,15 @@ class Exporter:
         raise NotImplementedError
 
 
-_MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti"}
+_MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti",
+            "triton": "triton"}
 _ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt", "pt2": "aoti",
             "aotinductor": "aoti"}
 FORMATS = tuple(_MODULES)
 
 
 def get_exporter(fmt: Any) -> Exporter:
-    """The exporter for a format name (``onnx``, ``executorch``, ``coreml``, ``tensorrt``)."""
+    """The exporter for a format name (``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti``, ``triton``)."""
     key = str(fmt).lower().lstrip(".") if isinstance(fmt, str) else None
     key = _ALIASES.get(key, key)
     if key not in _MODULES:

@@ -7,7 +7,7 @@ dict of options (unknown keys are an error):
 option                        default    meaning
 ============================  =========  ==================================================
 ``model``                     required   checkpoint (``LibreYOLO9t.pt``), ``*.yaml`` or Hub name
-``format``                    ``onnx``   ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti``
+``format``                    ``onnx``   ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti``, ``triton``
 ``imgsz``                     model's    input size, a multiple of the stride (32)
 ``batch``                     ``1``      batch size (``tensorrt`` + ``dynamic``: the largest)
 ``dynamic``                   ``False``  dynamic batch (and height/width for ONNX)
@@ -20,12 +20,18 @@ option                        default    meaning
 ``name``                      ``None``   file name in the default folder (instead of output)
 ``workspace``                 ``4``      TensorRT builder workspace in GiB
 ``autotune``                  ``False``  ``aoti`` on CUDA: Inductor max-autotune (long compile)
+``max_batch``                 ``8``      ``triton``: the config's max_batch_size
+``preferred_batch``           none       ``triton``: dynamic_batching preferred_batch_size (``4,8``)
+``queue_delay_us``            ``100``    ``triton``: dynamic_batching max_queue_delay_microseconds
+``instances``                 ``1``      ``triton``: instance_group count (kind KIND_AUTO)
 ``validate``                  ``True``   compare the artifact with eager (``False``: warning)
 ``require_validation``        ``False``  fail unless the artifact was actually validated here
 ============================  =========  ==================================================
 
 Default output: next to the checkpoint with the format's suffix (``LibreYOLO9t.onnx``), or
-``<family><size>.<ext>`` in the current folder for a model built from a YAML.
+``<family><size>.<ext>`` in the current folder for a model built from a YAML. ``triton``:
+``output`` is the model repository (default ``model_repository`` next to the checkpoint) and
+``name`` the model folder in it (default the checkpoint's stem).
 Boolean options accept ``True``/``False`` or the strings ``true``/``false``/``1``/``0``
 (anything else is an error: ``"false"`` must never read as true).
 

@@ -39,8 +39,15 @@ def _flag(name: str, value: Any) -> bool:
 def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic: Any, half: Any, opset: Any,
              simplify: Any, nms: Any, device: Any, workspace: Any, validate: Any,
              require_validation: Any, autotune: Any = False, int8: Any = False, data: Any = None,
-             max_drop: Any = None) -> ExportOptions:
+             max_drop: Any = None, format_options: dict[str, Any] | None = None) -> ExportOptions:
+    from libreyolo.export.options import FORMAT_OPTIONS
+
     fmt = exporter.name
+    format_options = {k: v for k, v in (format_options or {}).items() if v is not None}
+    foreign = sorted(k for k in format_options if k not in exporter.format_options)
+    if foreign:
+        raise ArgumentError(f"{', '.join(foreign)} {'applies' if len(foreign) == 1 else 'apply'} only to "
+                            f"format={FORMAT_OPTIONS[foreign[0]]}, not format={fmt}")
     imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
     batch = check_batch(batch, "", ArgumentError)
     dynamic, half, simplify = _flag("dynamic", dynamic), _flag("half", half), _flag("simplify", simplify)
@@ -51,6 +58,9 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
                             "export with dynamic=False and the batch/imgsz you will run with")
     if dynamic and not contract.dynamic_batch:
         raise ArgumentError(f"family {model.family.name} declares static shapes; dynamic=True is not possible")
+    if exporter.batch_axis_dynamic and not contract.dynamic_batch:
+        raise ArgumentError(f"format={fmt} needs a dynamic batch axis (its server batches requests along it), but "
+                            f"family {model.family.name} declares static shapes; export format=onnx instead")
     if not exporter.onnx_options and (opset is not None or simplify):
         raise ArgumentError(f"opset/simplify apply to ONNX-based formats, not format={fmt}")
     autotune = _flag("autotune", autotune)
@@ -101,7 +111,7 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
                          dynamic_spatial=dynamic and contract.dynamic_spatial and exporter.dynamic_spatial,
                          device_explicit=device is not None, autotune=autotune, int8=int8,
                          data=None if data is None else str(data),
-                         max_drop=0.02 if max_drop is None else float(max_drop))
+                         max_drop=0.02 if max_drop is None else float(max_drop), format_options=format_options)
     exporter.check(opts)
     return opts
 
@@ -171,9 +181,14 @@ def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: Expor
 
 
 def _install(exporter: Exporter, built: Path, final: Path) -> None:
-    """Move the built artifact (and its companions first) onto ``final``; all or nothing."""
+    """Move the built artifact (and its companions first) onto ``final``; all or nothing.
+
+    A folder that replaces an older one moves the old one into the build folder first (never a
+    second name next to ``final``, where a server polling the folder could see it)."""
     moved: list[Path] = []
+    created = not final.parent.exists()  # a Triton repository made by this export
     try:
+        final.parent.mkdir(exist_ok=True)
         for comp in exporter.companions(built):
             target = final.with_name(final.name + comp.name[len(built.name):])
             os.replace(comp, target)
@@ -181,7 +196,7 @@ def _install(exporter: Exporter, built: Path, final: Path) -> None:
         if built.is_dir():
             old = None
             if final.exists():
-                old = final.with_name(f".{final.name}.old-{os.getpid()}")
+                old = built.with_name(f".{final.name}.old-{os.getpid()}")
                 os.replace(final, old)
             try:
                 os.replace(built, final)
@@ -196,6 +211,8 @@ def _install(exporter: Exporter, built: Path, final: Path) -> None:
     except BaseException:
         for target in moved:
             target.unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(final.parent, ignore_errors=True)
         raise
 
 
@@ -236,7 +253,9 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
            output: str | Path | None = None, name: str | None = None, workspace: float | None = None,
            validate: bool = True, require_validation: bool = False, verbose: bool = True,
            autotune: bool = False, int8: bool = False, data: str | Path | None = None,
-           max_drop: float | None = None) -> ExportReport:
+           max_drop: float | None = None, max_batch: int | None = None,
+           preferred_batch: int | list[int] | str | None = None, queue_delay_us: int | None = None,
+           instances: int | None = None) -> ExportReport:
     """Export an eager model to an artifact, validate it against eager, and install it atomically.
 
     ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt`` or ``aoti`` (AOTInductor ``.pt2``;
@@ -246,16 +265,21 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     on data's train split), validated against the quantized eager model and refused when its
     accuracy on data's val split drops by more than ``max_drop`` (default 0.02;
     :mod:`libreyolo.export.int8`). ``validate=False`` skips the comparison with eager (with a loud warning);
-    ``require_validation=True`` fails when the artifact cannot be run here. Raises
+    ``require_validation=True`` fails when the artifact cannot be run here. ``format="triton"`` writes
+    a Triton Inference Server model folder ``<output>/<name>/`` (``config.pbtxt`` + ``1/model.onnx``);
+    ``max_batch``, ``preferred_batch``, ``queue_delay_us`` and ``instances`` fill its config
+    (:mod:`libreyolo.export.triton`). Raises
     :class:`~libreyolo.errors.ArgumentError` for bad options and :class:`ExportError` when the
     toolchain fails or the artifact does not match eager; nothing is left at the output path then.
     """
-    from libreyolo.export.options import EXPORT_OPTIONS
+    from libreyolo.export.options import EXPORT_OPTIONS, FORMAT_OPTIONS
 
     given = {"format": format, "imgsz": imgsz, "batch": batch, "dynamic": dynamic, "half": half, "opset": opset,
              "simplify": simplify, "nms": nms, "device": device, "output": output, "name": name,
              "workspace": workspace, "validate": validate, "require_validation": require_validation,
-             "verbose": verbose, "autotune": autotune, "int8": int8, "data": data, "max_drop": max_drop}
+             "verbose": verbose, "autotune": autotune, "int8": int8, "data": data, "max_drop": max_drop,
+             "max_batch": max_batch, "preferred_batch": preferred_batch, "queue_delay_us": queue_delay_us,
+             "instances": instances}
     checked = {k: EXPORT_OPTIONS[k].check(k, v) for k, v in given.items()}  # the table every entry point uses
     imgsz, batch, opset, workspace, verbose = (checked[k] for k in ("imgsz", "batch", "opset", "workspace",
                                                                    "verbose"))
@@ -263,8 +287,9 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     opts = _options(model, exporter, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, opset=opset,
                     simplify=simplify, nms=nms, device=device, workspace=workspace, validate=validate,
                     require_validation=require_validation, autotune=autotune, int8=checked["int8"],
-                    data=checked["data"], max_drop=checked["max_drop"])
-    final = default_output(model, exporter, output, name)
+                    data=checked["data"], max_drop=checked["max_drop"],
+                    format_options={k: checked[k] for k in FORMAT_OPTIONS})
+    final = exporter.resolve_output(model, output, name)
     if opts.int8:
         from libreyolo.export import int8 as int8_export
 
@@ -295,7 +320,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     dtype = torch.float16 if opts.half and exporter.half == "cuda" else torch.float32
     example = torch.full((opts.batch, 3, opts.imgsz, opts.imgsz), 0.5, dtype=dtype, device=opts.device)
     with TempGuard() as guard:  # SIGTERM during the export removes the work folder too
-        work = guard.add(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        work = guard.add(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=exporter.work_parent(final)))
         try:
             built = work / final.name
             with torch.no_grad():
@@ -315,6 +340,8 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                 report = ValidationReport.skipped()
                 LOGGER.warning("validate=False: this artifact was NOT compared with the eager model. Its outputs may "
                                "be wrong and nothing here would notice.")
+            if report.status != "skipped":
+                report.notes.extend(exporter.report_notes(final, opts))
             gate = None
             if opts.int8:
                 gate = _int8_checks(exporter, built, opts, report)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from libreyolo.errors import ArgumentError
-from libreyolo.options import Opt, as_bool, as_device, batch_opt, imgsz_opt
+from libreyolo.options import Opt, as_bool, as_device, as_ids, batch_opt, imgsz_opt
+from libreyolo.utils.checks import MAX_BATCH
 
 ONNX_OPSETS = (13, 20)  # the TorchScript exporter's range in torch 2.11-2.14 (libreyolo.export.onnx)
 MAX_WORKSPACE_GIB = 1024.0
@@ -37,10 +38,32 @@ def as_format(name: str, value: Any) -> str:
     return key
 
 
-as_format.allowed = "onnx, executorch, coreml, tensorrt or aoti"  # type: ignore[attr-defined]
+as_format.allowed = "onnx, executorch, coreml, tensorrt, aoti or triton"  # type: ignore[attr-defined]
+
+
+def as_batch_sizes(name: str, value: Any) -> list[int]:
+    """Batch sizes such as ``4,8`` (each >= 1; checked against ``max_batch`` by the exporter)."""
+    bad = ArgumentError(f"{name} must be batch sizes from 1 to {MAX_BATCH} such as 4,8, got {value!r:.60}")
+    try:
+        sizes = sorted(set(as_ids(name, value)))
+    except ArgumentError:
+        raise bad from None
+    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_BATCH:
+        raise bad
+    return sizes
+
+
+as_batch_sizes.allowed = "batch sizes such as 4,8"  # type: ignore[attr-defined]
+
+# options that belong to one format; any other format refuses them (libreyolo.export.driver)
+FORMAT_OPTIONS = {"max_batch": "triton", "preferred_batch": "triton", "queue_delay_us": "triton",
+                  "instances": "triton"}
+MAX_QUEUE_DELAY_US = 10_000_000
+MAX_INSTANCES = 64
 
 EXPORT_OPTIONS: dict[str, Opt] = {
-    "format": Opt(as_format, "onnx", "onnx, executorch, coreml, tensorrt or aoti (AOTInductor .pt2)"),
+    "format": Opt(as_format, "onnx", "onnx, executorch, coreml, tensorrt, aoti (AOTInductor .pt2) or triton "
+                  "(a Triton Inference Server model folder)"),
     "imgsz": imgsz_opt("input size (a multiple of the model stride; default from the model)"),
     "batch": batch_opt(1, "batch size of the exported input (tensorrt + dynamic: the largest)"),
     "dynamic": Opt(as_bool, False, "dynamic batch (and spatial where supported)", True),
@@ -49,8 +72,8 @@ EXPORT_OPTIONS: dict[str, Opt] = {
     "simplify": Opt(as_bool, False, "simplify the ONNX graph (needs libreyolo[onnx-simplify])", True),
     "nms": Opt(as_nms, False, "embed NMS in the exported graph", True),
     "device": Opt(as_device, None, "device used for export: cpu, cuda, cuda:N"),
-    "output": Opt(str, None, "artifact path (or an existing folder)"),
-    "name": Opt(str, None, "file name in the default folder (instead of output)"),
+    "output": Opt(str, None, "artifact path (or an existing folder); triton: the model repository folder"),
+    "name": Opt(str, None, "file name in the default folder (instead of output); triton: the model name"),
     "workspace": Opt(float, None, "TensorRT workspace", min=0.0, max=MAX_WORKSPACE_GIB, min_open=True, unit="GiB"),
     "autotune": Opt(as_bool, False, "aoti on CUDA: Inductor max-autotune (much longer compile)", True),
     "int8": Opt(as_bool, False, "INT8 artifact: quantize()'s scales (calibrated on data's train split), gated on "
@@ -59,6 +82,14 @@ EXPORT_OPTIONS: dict[str, Opt] = {
     "max_drop": Opt(float, None, "int8: largest allowed drop (default 0.02) of mAP50-95 (top-1 for "
                     "classifiers), absolute",
                     min=0.0, max=1.0),
+    "max_batch": Opt(int, None, "triton: max_batch_size of the model config (default 8; the ONNX batch axis is "
+                     "dynamic)", min=1, max=MAX_BATCH),
+    "preferred_batch": Opt(as_batch_sizes, None, "triton: dynamic_batching preferred_batch_size, e.g. 4,8 (default: "
+                           "none, Triton batches up to max_batch)"),
+    "queue_delay_us": Opt(int, None, "triton: dynamic_batching max_queue_delay_microseconds (default 100)", min=0,
+                          max=MAX_QUEUE_DELAY_US, unit="microseconds"),
+    "instances": Opt(int, None, "triton: model instances per device (instance_group count, default 1)", min=1,
+                     max=MAX_INSTANCES),
     "validate": Opt(as_bool, True, "validate the artifact against the eager model", True),
     "require_validation": Opt(as_bool, False, "fail when the artifact cannot be validated here", True),
     "verbose": Opt(as_bool, True, "print the report", True),
