@@ -321,6 +321,7 @@ class Sources:
     pending: list[_Pending] | Iterator[_Pending]
     single: bool
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    on_device: bool = False  # some image is a tensor already on a device (nothing to decode or upload)
 
     @property
     def total(self) -> int | None:
@@ -439,7 +440,8 @@ def open_sources(source: Any, color_format: str = "bgr") -> Sources:
         planned, was_dir = _plan(item, f"source[{n}]" if len(items) > 1 else "source", color_format)
         pending.extend(planned)
         multi = multi or was_dir
-    return Sources(pending, single=not multi and len(pending) == 1)
+    on_device = any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in items)
+    return Sources(pending, single=not multi and len(pending) == 1, on_device=on_device)
 
 
 def load_sources(source: Any, color_format: str = "bgr") -> list[SourceImage]:

@@ -183,7 +183,8 @@ class Predictor:
         sources = open_sources(source, color_format=color_format)
         if verbose:
             want_info()
-        workers = 0 if sources.single else resolve_workers(given["workers"], run_device)
+        # device tensors are used where they are, on the caller's stream: nothing for the pipeline to do
+        workers = 0 if sources.single or sources.on_device else resolve_workers(given["workers"], run_device)
         run = self._stream(sources, step, progress=progress, verbose=verbose, keep_pixels=stream, workers=workers,
                            opts=opts, imgsz=imgsz, half=half, cuda_graph=cuda_graph, device=run_device)
         if stream:

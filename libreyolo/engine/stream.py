@@ -275,8 +275,8 @@ class Feeder:
     def _run(self) -> None:
         batches = self.sources.batches(self.step, skip_unreadable=self.skip, workers=self.workers)
         try:
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
+            if self.device.type == "cuda" and self.device.index is not None:
+                torch.cuda.set_device(self.device)  # this thread's allocations and streams go there
             while True:
                 self._room.acquire()
                 if self._stop.is_set():
