@@ -14,6 +14,7 @@ orientation is applied to files and PIL images: boxes refer to the upright image
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -52,7 +53,11 @@ class SourceImage:
 
     def to_device(self, device: torch.device) -> torch.Tensor:
         """CHW RGB on ``device``: upload first (one transfer of the raw bytes), reorder there."""
-        t = self.pixels.to(device, non_blocking=True)
+        return self.orient(self.pixels.to(device, non_blocking=True))
+
+    def orient(self, t: torch.Tensor) -> torch.Tensor:
+        """``t``, a copy of :attr:`pixels` anywhere (e.g. a view of a batch's staging upload,
+        :mod:`libreyolo.engine.stream`), as CHW RGB: the one reordering every upload path shares."""
         if self.hwc:
             t = t.permute(2, 0, 1)
         return t.flip(0) if self.bgr else t
@@ -309,52 +314,136 @@ class _Pending:
     path: Path | None = None  # set for files: the only inputs that can be unreadable at load time
 
 
+def _load(item: _Pending) -> SourceImage | ImageError:
+    """The decoded image, or the :class:`ImageError` that says why not (raised where it is used)."""
+    try:
+        return item.load()
+    except ImageError as exc:
+        return exc
+
+
 @dataclass
 class Sources:
     """What ``predict()`` runs over: checked, not yet decoded.
 
-    ``single``: the user passed one image (not a list, directory or batched tensor), so
-    ``predict()`` returns one ``Results``. ``skipped``: (path, reason) of files that could not be
-    decoded and were skipped by :meth:`batches`.
+    ``single``: the user passed one image (not a list, directory, generator or batched tensor),
+    so ``predict()`` returns one ``Results``. ``skipped``: (path, reason) of files that could not
+    be decoded and were skipped by :meth:`batches`. ``pending`` is a list, or for a generator
+    source an iterator planned as it is consumed (``total`` is then None).
     """
 
-    pending: list[_Pending]
+    pending: list[_Pending] | Iterator[_Pending]
     single: bool
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    on_device: bool = False  # some image is a tensor already on a device (nothing to decode or upload)
+
+    @property
+    def total(self) -> int | None:
+        """How many images there are, or None for a generator source (not known in advance)."""
+        return len(self.pending) if isinstance(self.pending, list) else None
 
     def __len__(self) -> int:
-        return len(self.pending)
+        if self.total is None:
+            raise TypeError("a generator source has no length until it is consumed")
+        return self.total
 
     @property
     def files(self) -> int:
-        return sum(p.path is not None for p in self.pending)
+        return sum(p.path is not None for p in self.pending) if isinstance(self.pending, list) else 0
 
-    def batches(self, size: int, *, skip_unreadable: bool) -> Iterator[list[SourceImage]]:
+    def batches(self, size: int, *, skip_unreadable: bool, workers: int = 0) -> Iterator[list[SourceImage]]:
         """Lists of at most ``size`` decoded images, in order. With ``skip_unreadable`` a file that
-        cannot be decoded is logged, recorded in :attr:`skipped` and left out; else it raises."""
+        cannot be decoded is logged, recorded in :attr:`skipped` and left out; else it raises.
+
+        ``workers`` > 0 decodes on that many threads (Pillow releases the GIL while decoding), at
+        most the rest of the current batch at a time: never more images than one batch in memory
+        on account of decoding ahead, and the same images in the same order as ``workers=0``.
+        """
         chunk: list[SourceImage] = []
-        for item in self.pending:
-            try:
-                chunk.append(item.load())
-            except ImageError as exc:
+        for item, loaded in self._decoded(workers, lambda: size - len(chunk)):
+            if isinstance(loaded, ImageError):
                 if not skip_unreadable or item.path is None:
-                    raise
-                self.skipped.append((str(item.path), str(exc)))
-                LOGGER.warning("skipping %s", exc)
+                    raise loaded
+                self.skipped.append((str(item.path), str(loaded)))
+                LOGGER.warning("skipping %s", loaded)
                 continue
+            chunk.append(loaded)
             if len(chunk) == size:
-                yield chunk
-                chunk = []
+                full = chunk[:]  # ``chunk`` itself stays the one list room() measures
+                chunk.clear()
+                yield full
         if chunk:
             yield chunk
 
+    def _decoded(self, workers: int, room: Callable[[], int]) -> Iterator[tuple[_Pending, SourceImage | ImageError]]:
+        """(item, image or error) in order; decoded here, or on ``workers`` threads with no more
+        in flight than ``room()``, the images the current batch still lacks."""
+        items = iter(self.pending)
+        if workers <= 0:
+            for item in items:
+                yield item, _load(item)
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        inflight: deque = deque()
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="libreyolo-decode")
+        try:
+            while True:
+                while len(inflight) < room():
+                    item = next(items, None)
+                    if item is None:
+                        break
+                    inflight.append((item, pool.submit(_load, item)))
+                if not inflight:
+                    return
+                item, future = inflight.popleft()
+                yield item, future.result()
+        finally:  # the caller stopped early (or failed): decode nothing more
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _plan(item: Any, where: str, color_format: str) -> tuple[list[_Pending], bool]:
+    """The images of one source item, planned (checked, not decoded), and whether it was a directory."""
+    if isinstance(item, (str, Path)):
+        files, was_dir = _expand_path(item)
+        return [_Pending(lambda p=p: _file_source(p), p) for p in files], was_dir
+    if isinstance(item, np.ndarray):
+        _check_array(item, where)
+        return [_Pending(lambda a=item, w=where: _array_source(a, color_format, w))], False
+    if isinstance(item, torch.Tensor):
+        return [_Pending(lambda t=t: _tensor_source(t)) for t in _tensor_images(item, where)], False
+    if hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image, imported lazily
+        if item.width == 0 or item.height == 0:
+            raise ImageError(f"{where}: the image has zero size ({item.width}x{item.height})")
+        return [_Pending(lambda i=item, w=where: _pil_source(i, w))], False
+    raise ImageError(
+        f"{where}: unsupported input type {type(item).__name__}; pass a path, directory, "
+        "numpy array, PIL image, torch tensor, or a list or generator of those"
+    )
+
+
+def _planned(items: Iterator[Any], color_format: str) -> Iterator[_Pending]:
+    """A generator source's images, planned one item at a time as it is consumed."""
+    n = -1
+    for n, item in enumerate(items):
+        yield from _plan(item, f"source[{n}]", color_format)[0]
+    if n < 0:
+        raise ImageError("the source generator yielded no images")
+
 
 def open_sources(source: Any, color_format: str = "bgr") -> Sources:
-    """Check ``source`` and plan its images without decoding them (see the module docstring)."""
+    """Check ``source`` and plan its images without decoding them (see the module docstring).
+
+    A generator (any iterator, e.g. a video's frames) is not consumed here: each item is checked
+    when its batch is assembled, so an unsupported item raises there, after the batches before it.
+    """
     if color_format not in ("bgr", "rgb"):
         raise ImageError(f"color_format must be 'bgr' or 'rgb', got {color_format!r}")
     if source is None:
         raise ImageError("no source given: pass an image path, directory, array, PIL image or tensor")
+    if isinstance(source, Iterator) and not isinstance(source, io.IOBase):
+        return Sources(_planned(source, color_format), single=False)
     is_list = isinstance(source, (list, tuple))
     items = list(source) if is_list else [source]
     if not items:
@@ -362,29 +451,14 @@ def open_sources(source: Any, color_format: str = "bgr") -> Sources:
     pending: list[_Pending] = []
     multi = is_list
     for n, item in enumerate(items):
-        where = f"source[{n}]" if len(items) > 1 else "source"
-        if isinstance(item, (str, Path)):
-            files, was_dir = _expand_path(item)
-            multi = multi or was_dir
-            pending.extend(_Pending(lambda p=p: _file_source(p), p) for p in files)
-        elif isinstance(item, np.ndarray):
-            _check_array(item, where)
-            pending.append(_Pending(lambda a=item, w=where: _array_source(a, color_format, w)))
-        elif isinstance(item, torch.Tensor):
-            pending.extend(_Pending(lambda t=t: _tensor_source(t)) for t in _tensor_images(item, where))
-        elif hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image, imported lazily
-            if item.width == 0 or item.height == 0:
-                raise ImageError(f"{where}: the image has zero size ({item.width}x{item.height})")
-            pending.append(_Pending(lambda i=item, w=where: _pil_source(i, w)))
-        else:
-            raise ImageError(
-                f"{where}: unsupported input type {type(item).__name__}; pass a path, directory, "
-                "numpy array, PIL image, torch tensor or a list of those"
-            )
-    return Sources(pending, single=not multi and len(pending) == 1)
+        planned, was_dir = _plan(item, f"source[{n}]" if len(items) > 1 else "source", color_format)
+        pending.extend(planned)
+        multi = multi or was_dir
+    on_device = any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in items)
+    return Sources(pending, single=not multi and len(pending) == 1, on_device=on_device)
 
 
 def load_sources(source: Any, color_format: str = "bgr") -> list[SourceImage]:
     """Every image of ``source`` decoded now (raises on the first unreadable file)."""
     plan = open_sources(source, color_format)
-    return [img for chunk in plan.batches(max(1, len(plan)), skip_unreadable=False) for img in chunk]
+    return [img for chunk in plan.batches(1 << 30, skip_unreadable=False) for img in chunk]

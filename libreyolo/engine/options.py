@@ -28,6 +28,8 @@ COMMON_PREDICT_OPTIONS: dict[str, Opt] = {
     "verbose": Opt(as_bool, False, "log one line per image", True),
     "stream": Opt(as_bool, False, "return a generator of Results", True),
     "progress": Opt(as_bool, None, "progress bar on stderr (default: on a terminal, for long runs)", True),
+    "workers": Opt(int, None, "threads decoding the next batch while one runs (default: 4 on CUDA, 0 on the CPU; "
+                   "same results for every value)", min=0, max=MAX_WORKERS),
 }
 
 # with the tasks' own options (libreyolo.tasks: detect conf, iou, max_det, max_nms, classes; semantic

@@ -21,7 +21,7 @@ Network = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
 
 class PipelineGraphs:
-    """``_infer`` as one graph replay where the family and device allow it (a mixin of :class:`Predictor`)."""
+    """``_infer_start`` as one graph replay where the family and device allow it (a mixin of :class:`Predictor`)."""
 
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Network]:
         """(graph runner, network callable) for ``batch``'s device and dtype."""
@@ -88,9 +88,11 @@ class PipelineGraphs:
         with torch.inference_mode():
             return runner((batch, params), mode, program)
 
-    def _infer(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str, opts: Any) -> list:
+    def _infer_start(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str,
+                     opts: Any) -> Callable[[], list]:
         """With ``cuda_graph`` and a family verified for it, one graph replay from the batch to padded
-        outputs, read back once; otherwise the forward (graphed or not) and eager postprocessing."""
+        outputs, read back by the returned call; otherwise the forward (graphed or not) and eager
+        postprocessing (:meth:`Predictor._infer_start`)."""
         if cuda_graph and self.pipeline_unavailable(batch.device) is None:
             from libreyolo.graphs import GraphCaptureError
 
@@ -102,5 +104,5 @@ class PipelineGraphs:
                                "forward only", exc)
             else:
                 clock.mark()
-                return self.family.device_postprocess().read(padded)
-        return super()._infer(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
+                return self.family.device_postprocess().read_later(padded)
+        return super()._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)

@@ -6,19 +6,23 @@ preprocessing, decoding and NMS exist once.
 """
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
 from libreyolo.data.sources import SourceImage, Sources, open_sources
+from libreyolo.engine.stream import Feeder, StagedBatch, StagingPool, resolve_workers, staging_wanted
 from libreyolo.errors import ArgumentError, ImageError
 from libreyolo.models.base import Family
 from libreyolo.results import Results, make_results
 from libreyolo.utils.checks import MAX_IMGSZ, resolve_device
 from libreyolo.utils.log import LOGGER, want_info
+
+_POOL_LOCK = threading.Lock()
 
 
 def check_imgsz(value: Any, stride: int) -> int:
@@ -71,16 +75,23 @@ class Predictor:
         self._prepare(device, half)
         return self.device, half
 
-    def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
-               opts: Any) -> list:
-        """Network and postprocessing for one letterboxed batch; per-image predictions.
+    def _infer_start(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
+                     opts: Any) -> Callable[[], list]:
+        """Network and postprocessing for one letterboxed batch, enqueued; the returned call reads
+        the per-image predictions back (the one wait for the device), so that the next batch can
+        be enqueued in between (:meth:`libreyolo.models.base.Family.postprocess_later`).
 
         Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
-        run both stages as one CUDA graph (:meth:`libreyolo.engine.model.Model._infer`).
+        run both stages as one CUDA graph (:class:`libreyolo.engine.pipeline.PipelineGraphs`).
         """
         outputs = self.family.run_network(lambda x: self._forward(x, cuda_graph=cuda_graph), batch, opts)
         clock.mark()
-        return self.family.postprocess(outputs, metas, opts)
+        return self.family.postprocess_later(outputs, metas, opts)
+
+    def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
+               opts: Any) -> list:
+        """:meth:`_infer_start` read back at once: the per-image predictions of one batch."""
+        return self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)()
 
     def val(self, **kwargs: Any) -> dict[str, float]:
         """Metrics on a dataset's val split, the task's (:mod:`libreyolo.tasks`): mAP50-95, mAP50,
@@ -127,12 +138,14 @@ class Predictor:
         verbose: bool = False,
         stream: bool = False,
         progress: bool | None = None,
+        workers: int | None = None,
         **options: Any,
     ) -> Results | list[Results] | Iterator[Results]:
         """Predict. One input gives one :class:`Results`; a list, directory or batch gives a list.
 
         ``source``: path, directory, list of paths, PIL image, numpy HWC array (BGR unless
-        ``color_format="rgb"``), tensor (CHW/NCHW RGB, float in [0, 1] or uint8), or a list.
+        ``color_format="rgb"``), tensor (CHW/NCHW RGB, float in [0, 1] or uint8), or a list or a
+        generator of those (e.g. a video's frames; consumed batch by batch, always a list/stream).
 
         ``options`` are the task's own (:mod:`libreyolo.tasks`): detect ``conf``, ``iou``,
         ``max_det``, ``classes``, ``max_nms``; semantic ``classes``; restore ``tile``, ``tile_pad``
@@ -146,12 +159,18 @@ class Predictor:
         is skipped with a logged warning (a single image raises :class:`ImageError`).
         ``progress``: a bar on stderr; ``None`` shows it for runs of more than one batch on a
         terminal. ``verbose=True`` logs one line per image (INFO, logger ``libreyolo``).
+
+        ``workers``: threads that decode the next batch while this one runs (default: 4 on CUDA,
+        where batches also go through pinned staging buffers and a side-stream upload, and 0 on the
+        CPU: one batch decoded when it comes). The results are the same for every value
+        (:mod:`libreyolo.engine.stream`).
         """
         from libreyolo.engine.options import PREDICT_OPTIONS
         from libreyolo.options import check_input_budget
 
         given = {"imgsz": imgsz, "half": half, "batch": batch, "cuda_graph": cuda_graph,
-                 "color_format": color_format, "verbose": verbose, "stream": stream, "progress": progress}
+                 "color_format": color_format, "verbose": verbose, "stream": stream, "progress": progress,
+                 "workers": workers}
         for name, value in given.items():
             given[name] = PREDICT_OPTIONS[name].check(name, value)
         opts = self.predict_options(**options)
@@ -164,68 +183,129 @@ class Predictor:
         sources = open_sources(source, color_format=color_format)
         if verbose:
             want_info()
-        run = self._stream(sources, step, progress=progress, verbose=verbose, keep_pixels=stream, opts=opts,
-                           imgsz=imgsz, half=half, cuda_graph=cuda_graph, device=run_device)
+        # device tensors are used where they are, on the caller's stream: nothing for the pipeline to do
+        workers = 0 if sources.single or sources.on_device else resolve_workers(given["workers"], run_device)
+        run = self._stream(sources, step, progress=progress, verbose=verbose, keep_pixels=stream, workers=workers,
+                           opts=opts, imgsz=imgsz, half=half, cuda_graph=cuda_graph, device=run_device)
         if stream:
             return run
         results = list(run)
         return results[0] if sources.single else results
 
     def _stream(self, sources: Sources, step: int, *, progress: bool | None, verbose: bool, keep_pixels: bool,
-                **kw: Any) -> Iterator[Results]:
+                workers: int = 0, **kw: Any) -> Iterator[Results]:
         """Results batch by batch: decode ``step`` images, run them, hand them out, forget them.
 
         Without ``keep_pixels`` a result read from a file keeps its path, not its pixels
         (:meth:`Results.orig_rgb` reads the file again), so a list of results stays small.
+        ``workers`` > 0 runs the streaming pipeline (:meth:`_pipelined`), else one batch at a time.
         """
-        total = len(sources)
-        bar = _progress_bar(total, show=total > step if progress is None else progress, auto=progress is None)
+        total = sources.total
+        long_run = total is None or total > step
+        bar = _progress_bar(total, show=long_run if progress is None else progress, auto=progress is None)
         produced = seen_skips = 0
+        batches = self._pipelined(sources, step, workers, kw) if workers > 0 else self._one_by_one(sources, step, kw)
         try:
-            t0 = time.perf_counter()
-            for chunk in sources.batches(step, skip_unreadable=not sources.single):
-                results = self._predict_chunk(chunk, t0, **kw)
+            for chunk, results, skipped in batches:
                 if not keep_pixels:
                     for img, r in zip(chunk, results, strict=True):
                         if img.from_file:
                             r.release_image()
                 produced += len(results)
                 if bar is not None:
-                    bar.update(len(chunk) + len(sources.skipped) - seen_skips)
-                    seen_skips = len(sources.skipped)
+                    bar.update(len(chunk) + skipped - seen_skips)
+                    seen_skips = skipped
                 if verbose:
                     for r in results:
                         LOGGER.info("%s: %s, %s", r.path or "image", r.verbose(),
                                     ", ".join(f"{k} {v:.1f} ms" for k, v in r.speed.items()))
                 del chunk
                 yield from results
-                t0 = time.perf_counter()  # the caller's time between batches is not ours
-            if bar is not None:
+            if bar is not None and total is not None:
                 bar.update(total - bar.n)  # files skipped after the last batch
         finally:
+            batches.close()
             if bar is not None:
                 bar.close()
         if sources.skipped:
             if not produced:
-                raise ImageError(f"none of the {total} images could be read; first: {sources.skipped[0][1]}")
-            LOGGER.warning("skipped %d of %d images that could not be read", len(sources.skipped), total)
+                seen = total if total is not None else len(sources.skipped)
+                raise ImageError(f"none of the {seen} images could be read; first: {sources.skipped[0][1]}")
+            LOGGER.warning("skipped %d of %d images that could not be read", len(sources.skipped),
+                           total if total is not None else produced + len(sources.skipped))
 
-    def _predict_chunk(self, chunk: list[SourceImage], t0: float, *, opts: Any, imgsz: int, half: bool,
-                       cuda_graph: bool | str, device: torch.device | None = None) -> list[Results]:
+    def _one_by_one(self, sources: Sources, step: int,
+                    kw: dict[str, Any]) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
+        """(images, results, files skipped so far) per batch: decoded, run and read back in turn."""
+        t0 = time.perf_counter()
+        for chunk in sources.batches(step, skip_unreadable=not sources.single):
+            results = self._predict_chunk(chunk, t0, **kw)
+            yield chunk, results, len(sources.skipped)
+            t0 = time.perf_counter()  # the caller's time between batches is not ours
+
+    def _pipelined(self, sources: Sources, step: int, workers: int,
+                   kw: dict[str, Any]) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
+        """:meth:`_one_by_one`'s batches from the streaming pipeline (:mod:`libreyolo.engine.stream`):
+        decoded on ``workers`` threads and staged by a :class:`~libreyolo.engine.stream.Feeder`, and
+        batch *i + 1* enqueued before batch *i* is read back. An error of the source is raised after
+        the batches before it are handed out, as on the plain path."""
+        device = kw.get("device") or self.device
+        pool = self._staging_pool() if staging_wanted(device) else None
+        with Feeder(sources, step, skip_unreadable=True, workers=workers, device=device, pool=pool) as feeder:
+            pending = None
+            failure: Exception | None = None
+            t0 = time.perf_counter()
+            try:
+                for fed in feeder:
+                    finish = self._start_chunk(fed.chunk, t0, staged=fed.staged, **kw)
+                    if pending is not None:
+                        yield pending[0].chunk, pending[1](), pending[0].skipped
+                        feeder.done()
+                    pending = (fed, finish)
+                    t0 = time.perf_counter()
+            except Exception as exc:  # hand out what was already enqueued first
+                failure = exc
+            if pending is not None:
+                yield pending[0].chunk, pending[1](), pending[0].skipped
+            if failure is not None:
+                raise failure
+
+    def _staging_pool(self) -> StagingPool:
+        """This predictor's pinned staging buffers (made on first use, kept across calls)."""
+        pool = self.__dict__.get("_staging")
+        if pool is None:
+            with _POOL_LOCK:
+                pool = self.__dict__.setdefault("_staging", StagingPool())
+        return pool
+
+    def _predict_chunk(self, chunk: list[SourceImage], t0: float, **kw: Any) -> list[Results]:
+        """The Results of one batch of decoded images (``kw``: :meth:`_start_chunk`'s)."""
+        return self._start_chunk(chunk, t0, **kw)()
+
+    def _start_chunk(self, chunk: list[SourceImage], t0: float, *, opts: Any, imgsz: int, half: bool,
+                     cuda_graph: bool | str, device: torch.device | None = None,
+                     staged: StagedBatch | None = None) -> Callable[[], list[Results]]:
+        """Enqueue one batch (upload unless ``staged`` already did, letterbox, network,
+        postprocessing); the returned call reads it back and makes its Results."""
         device = self.device if device is None else device
         clock = StageClock(device, t0)
-        tensors = [img.to_device(device) for img in chunk]
+        tensors = staged.ready(device) if staged is not None else [img.to_device(device) for img in chunk]
         batch, metas = self._preprocessor(imgsz)(tensors, dtype=self._input_dtype(half))
         clock.mark()  # preprocessing enqueued
-        preds = self._infer(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
-        speed = clock.speed(len(chunk))
-        out = []
+        read = self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
+        clock.mark()  # postprocessing enqueued
         task = self.family.task  # the Results payload comes from the task (libreyolo.tasks)
-        for img, meta, pred in zip(chunk, metas, preds, strict=True):
-            out.append(make_results(task, pred, names=self.names, orig_shape=meta.orig_shape, path=img.path,
-                                    orig_img=img.original if img.original is not None else img.pixels,
-                                    speed=dict(speed)))
-        return out
+
+        def finish() -> list[Results]:
+            t_read = time.perf_counter()
+            preds = read()
+            speed = clock.speed(len(chunk), read_s=time.perf_counter() - t_read)
+            return [make_results(task, pred, names=self.names, orig_shape=meta.orig_shape, path=img.path,
+                                 orig_img=img.original if img.original is not None else img.pixels,
+                                 speed=dict(speed))
+                    for img, meta, pred in zip(chunk, metas, preds, strict=True)]
+
+        return finish
 
 
 class StageClock:
@@ -236,9 +316,11 @@ class StageClock:
     postprocessing. On CUDA each boundary (:meth:`mark`) also records an event on the current
     stream; :meth:`speed` (called after the results are back, so it waits for nothing) gives
     ``inference`` and ``postprocess`` as device time between the events, and ``preprocess`` as
-    the rest of the wall time since ``t0`` (decoding, upload, letterbox). Elsewhere the three
-    are host time. With a whole-pipeline CUDA graph, the network and on-device postprocessing
-    are one replay, counted as ``inference``; ``postprocess`` is then reading results back.
+    the rest of the wall time since ``t0`` (decoding, upload, letterbox, reading back). Elsewhere
+    the three are host time. With a whole-pipeline CUDA graph, the network and on-device
+    postprocessing are one replay, counted as ``inference``; ``postprocess`` is then about 0.
+    When the streaming pipeline overlaps batches, the wall-time share is approximate (the host
+    enqueues one batch while another runs); the device times are the batch's own.
     """
 
     def __init__(self, device: torch.device, t0: float) -> None:
@@ -253,15 +335,16 @@ class StageClock:
             event.record()
         self.marks.append((time.perf_counter(), event))
 
-    def speed(self, n: int) -> dict[str, float]:
-        self.mark()  # the end: results are on the host by now
+    def speed(self, n: int, read_s: float = 0.0) -> dict[str, float]:
+        """Per-image times once the batch is read back; ``read_s``: host seconds the read-back took
+        (the marks are: preprocessing, network, postprocessing enqueued)."""
         (t1, e1), (t2, e2), (t3, e3) = self.marks[-3:]
         if self.cuda:
-            e3.synchronize()  # already complete: the results were read back
+            e3.synchronize()  # complete, or nearly: the results were read back
             inference, post = e1.elapsed_time(e2), e2.elapsed_time(e3)
-            pre = max(0.0, (t3 - self.t0) * 1e3 - inference - post)
+            pre = max(0.0, (t3 - self.t0 + read_s) * 1e3 - inference - post)
         else:
-            pre, inference, post = (t1 - self.t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+            pre, inference, post = (t1 - self.t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2 + read_s) * 1e3
         return {"preprocess": pre / n, "inference": inference / n, "postprocess": post / n}
 
 

@@ -7,6 +7,7 @@ branches on family names.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -195,6 +196,15 @@ class Family:
         direct callers may give the task's options as keywords instead (:meth:`task_options`)."""
         raise NotImplementedError(f"family {self.name!r} does not define postprocess()")
 
+    def postprocess_later(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
+                          **kw: Any) -> Callable[[], list[dict]]:
+        """:meth:`postprocess` enqueued now, its per-image predictions returned by the call it
+        returns (the one wait for the device happens there). ``predict()`` enqueues the next batch
+        in between. Default: all of it now. A family that overrides it keeps ``postprocess`` as
+        ``postprocess_later(...)()``, so the two are one implementation."""
+        preds = self.postprocess(outputs, metas, opts, **kw)
+        return lambda: preds
+
     def run_network(self, forward: Any, batch: torch.Tensor, opts: Any = None) -> dict[str, torch.Tensor]:
         """The named outputs of ``forward`` (a batch tensor in, named outputs out: the eager copy, a
         graph replay or an artifact's runtime) for one preprocessed ``batch``, under the call's task
@@ -217,7 +227,8 @@ class Family:
         is not a shape; ``opts`` the call's task options), ``static(opts) -> ((name, value), ...)``
         (the options that fix shapes, one graph per value), ``__call__(outputs, params, **static)
         -> {name: tensor}`` (the captured stage), ``read(padded) -> list[dict]`` (what
-        :meth:`postprocess` returns) and ``capture_safe(device) -> str | None``; see
+        :meth:`postprocess` returns), ``read_later(padded)`` (the same in two steps) and
+        ``capture_safe(device) -> str | None``; see
         :class:`libreyolo.ops.postprocess.DetectPostprocess`."""
         return None
 

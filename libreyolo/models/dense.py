@@ -7,13 +7,14 @@ whole-pipeline CUDA graph captures (:class:`libreyolo.ops.postprocess.DetectPost
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from libreyolo.models.base import Family
 from libreyolo.ops.letterbox import LetterboxMeta
-from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess
+from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess_later
 
 _DEVICE_POSTPROCESS = DetectPostprocess("predictions")
 
@@ -28,7 +29,11 @@ class DenseDetectFamily(Family):
 
     def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
                     **kw: Any) -> list[dict]:
+        return self.postprocess_later(outputs, metas, opts, **kw)()
+
+    def postprocess_later(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
+                          **kw: Any) -> Callable[[], list[dict]]:
         o = self.task_options(opts, kw)
         extra = {} if o.max_nms is None else {"max_nms": o.max_nms}
-        return detect_postprocess(outputs["predictions"], metas, conf=o.conf, iou=o.iou, max_det=o.max_det,
-                                  classes=o.classes, **extra)
+        return detect_postprocess_later(outputs["predictions"], metas, conf=o.conf, iou=o.iou, max_det=o.max_det,
+                                        classes=o.classes, **extra)

@@ -27,7 +27,7 @@ only if the cap is reached before ``max_det`` boxes are kept.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -166,6 +166,24 @@ def read_detections(dets: torch.Tensor, counts: torch.Tensor) -> list[dict[str, 
     return [{"xyxy": xyxy[i, :k], "conf": conf[i, :k], "cls": cls[i, :k]} for i, k in enumerate(n)]
 
 
+def read_detections_later(dets: torch.Tensor, counts: torch.Tensor) -> Callable[[], list[dict[str, torch.Tensor]]]:
+    """:func:`read_detections` in two steps: now, ``counts`` starts its way to page-locked host
+    memory (non-blocking, on CUDA); the returned call waits for that copy alone and slices. In
+    between the host is free to enqueue the next batch. The detections stay on their device."""
+    if counts.device.type != "cuda":
+        return lambda: read_detections(dets, counts)
+    host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+    host.copy_(counts, non_blocking=True)
+    arrived = torch.cuda.Event()
+    arrived.record()
+
+    def finish() -> list[dict[str, torch.Tensor]]:
+        arrived.synchronize()
+        return read_detections(dets, host)
+
+    return finish
+
+
 def detect_postprocess(
     predictions: torch.Tensor,
     metas: Sequence[LetterboxMeta],
@@ -177,11 +195,28 @@ def detect_postprocess(
     max_nms: int = DEFAULT_MAX_NMS,
 ) -> list[dict[str, torch.Tensor]]:
     """One dict per image: ``xyxy`` (K, 4) source pixels, ``conf`` (K,), ``cls`` (K,) float."""
+    return detect_postprocess_later(predictions, metas, conf=conf, iou=iou, max_det=max_det, classes=classes,
+                                    max_nms=max_nms)()
+
+
+def detect_postprocess_later(
+    predictions: torch.Tensor,
+    metas: Sequence[LetterboxMeta],
+    *,
+    conf: float,
+    iou: float,
+    max_det: int,
+    classes: Sequence[int] | None = None,
+    max_nms: int = DEFAULT_MAX_NMS,
+) -> Callable[[], list[dict[str, torch.Tensor]]]:
+    """:func:`detect_postprocess` enqueued now and read back by the returned call
+    (:func:`read_detections_later`)."""
     if len(metas) != predictions.shape[0]:
         raise ValueError(f"{predictions.shape[0]} predictions but {len(metas)} letterbox metas")
     params = pack_params(metas, conf=conf, iou=iou, nc=predictions.shape[1] - 4, classes=classes,
                          device=predictions.device)
-    return read_detections(*detect_padded(predictions, params, max_det=max_det, max_nms=check_max_nms(max_nms)))
+    return read_detections_later(*detect_padded(predictions, params, max_det=max_det,
+                                                max_nms=check_max_nms(max_nms)))
 
 
 class DetectPostprocess:
@@ -212,6 +247,10 @@ class DetectPostprocess:
     def read(self, padded: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         return read_detections(padded["detections"], padded["counts"])
 
+    def read_later(self, padded: dict[str, torch.Tensor]) -> Callable[[], list[dict[str, torch.Tensor]]]:
+        """:meth:`read` in two steps (:func:`read_detections_later`)."""
+        return read_detections_later(padded["detections"], padded["counts"])
+
     def capture_safe(self, device: torch.device) -> str | None:
         """None if :meth:`__call__` never waits for the device there, else why not."""
         from libreyolo.ops.nms import capture_safe_reason
@@ -220,4 +259,4 @@ class DetectPostprocess:
 
 
 __all__ = ["DEFAULT_MAX_NMS", "DetectPostprocess", "check_max_nms", "detect_padded", "detect_postprocess",
-           "pack_params", "read_detections"]
+           "detect_postprocess_later", "pack_params", "read_detections", "read_detections_later"]

@@ -38,6 +38,12 @@ class DecodedFamily:
         o = self._family.task_options(opts, kw)
         return self._decoder(outputs, metas, conf=o.conf, iou=o.iou, max_det=o.max_det, classes=o.get("classes"))
 
+    def postprocess_later(self, outputs: dict[str, torch.Tensor], metas: list, opts: Any = None,
+                          **kw: Any) -> Any:
+        """Its own decoder, now (never the wrapped family's deferred detect stage)."""
+        preds = self.postprocess(outputs, metas, opts, **kw)
+        return lambda: preds
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._family, name)
 

@@ -1,0 +1,175 @@
+"""Streaming throughput of predict(): many frames end to end, the plain path against the pipeline.
+
+    PYTHONPATH=. python3 bench/stream_bench.py --json bench/results/<date>-stream-h200.json
+    PYTHONPATH=. python3 bench/stream_bench.py --quick          # a smoke run on the CPU
+
+YOLOv9-t (untrained, 80 classes; the usual class-bias prior, so few boxes pass ``conf``), batch 32,
+fp16 on CUDA (fp32 on the CPU), ``predict(..., stream=True)`` consumed to the end, from two
+sources:
+
+- ``arrays``: ``--n`` host uint8 HWC frames (480x640 BGR) in a list, as a video decoder gives;
+- ``jpeg``: the same frames written as JPEG files (quality 90) to a folder on disk.
+
+Each source is run with ``workers=0`` (the plain path, exactly what predict() did before the
+streaming pipeline: one batch decoded when it comes, per-image pageable uploads, read back
+before the next batch is enqueued) and with each ``--workers`` value (decode threads, pinned
+staging, side-stream upload, deferred read-back; :mod:`libreyolo.engine.stream`), eager and
+with ``cuda_graph=True``. Reported: images/s (median of ``--repeats`` full passes after a
+warm-up pass), and the graphed network forward alone at the same batch for reference (the
+ceiling the pipeline approaches). Prints a table and writes JSON (device, torch, command).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def frames(n: int, h: int, w: int) -> list[np.ndarray]:
+    """``n`` distinct frames (a moving gradient plus noise: compresses like a photo, not like noise)."""
+    rng = np.random.RandomState(0)
+    yy, xx = np.mgrid[0:h, 0:w]
+    out = []
+    for i in range(n):
+        base = ((xx + 3 * i) % 256 + (yy // 2)) % 256
+        img = np.stack([base, (base + 85) % 256, (base + 170) % 256], -1).astype(np.int16)
+        img += rng.randint(-12, 13, size=img.shape, dtype=np.int16)
+        out.append(np.clip(img, 0, 255).astype(np.uint8))
+    return out
+
+
+def write_jpegs(images: list[np.ndarray], folder: Path) -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, img in enumerate(images):
+        Image.fromarray(img[:, :, ::-1]).save(folder / f"f{i:05d}.jpg", quality=90)
+    return folder
+
+
+def sparse_model(device: str, imgsz: int):
+    """YOLOv9-t with the detection prior of an untrained detector (scores ~1e-3: little NMS work)."""
+    from libreyolo import LibreYOLO
+
+    model = LibreYOLO("LibreYOLO9t.yaml", device=device)
+    with torch.no_grad():
+        for seq, stride in zip(model.net.head.cv3, (8, 16, 32), strict=True):
+            seq[-1].bias.fill_(math.log(5 / model.nc / (imgsz / stride) ** 2))
+    return model
+
+
+def run_pass(model, source, kw: dict, cuda: bool) -> tuple[float, int]:
+    """Seconds to consume ``predict(source, stream=True)`` completely, and the images seen."""
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n = 0
+    for r in model.predict(source, stream=True, **kw):
+        n += 1
+        del r
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, n
+
+
+def forward_rate(model, batch: int, imgsz: int, half: bool, graph: bool, repeats: int) -> float | None:
+    """Images/s of the network forward alone (graph replay or eager) on a device-resident batch."""
+    if model.device.type != "cuda":
+        return None
+    x = torch.rand(batch, 3, imgsz, imgsz, device=model.device).to(torch.float16 if half else torch.float32)
+    for _ in range(3):
+        model._forward(x, cuda_graph=graph)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(5, repeats * 5)):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            model._forward(x, cuda_graph=graph)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / 10)
+    return round(batch / statistics.median(times), 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="write results here")
+    ap.add_argument("--n", type=int, default=1024, help="frames per pass")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--workers", type=int, nargs="+", default=[4, 8], help="pipeline decode threads to try")
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes per row (median)")
+    ap.add_argument("--sources", nargs="+", default=["arrays", "jpeg"], choices=["arrays", "jpeg"])
+    ap.add_argument("--graphs", nargs="+", default=["false", "true"], choices=["false", "true"])
+    ap.add_argument("--conf", type=float, default=0.25)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 12 small frames, batch 4, imgsz 64")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.batch, args.imgsz, args.repeats, args.workers = 12, 4, 64, 1, [2]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = device == "cuda"
+    half = cuda
+    graphs = [g == "true" for g in args.graphs] if cuda else [False]
+    h, w = (480, 640) if not args.quick else (60, 80)
+    env = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+           "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+           "cpus": __import__("os").cpu_count(), "command": " ".join(["python3", *sys.argv]),
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
+    model = sparse_model(device, args.imgsz)
+    images = frames(args.n, h, w)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_jpegs(images, Path(tmp) / "jpeg") if "jpeg" in args.sources else None
+        for source_name in args.sources:
+            source = images if source_name == "arrays" else str(folder)
+            for graph in graphs:
+                for workers in [0, *args.workers]:
+                    kw = {"imgsz": args.imgsz, "batch": args.batch, "half": half, "conf": args.conf,
+                          "cuda_graph": graph, "workers": workers}
+                    run_pass(model, source, kw, cuda)  # warm-up: captures, copies, staging buffers
+                    times = []
+                    for _ in range(args.repeats):
+                        seconds, seen = run_pass(model, source, kw, cuda)
+                        assert seen == args.n, (seen, args.n)
+                        times.append(seconds)
+                    med = statistics.median(times)
+                    row = {"source": source_name, "cuda_graph": graph, "workers": workers,
+                           "path": "plain" if workers == 0 else "pipeline", "images_per_s": round(args.n / med, 1),
+                           "ms_per_batch": round(med / math.ceil(args.n / args.batch) * 1e3, 3),
+                           "passes_s": [round(t, 4) for t in times]}
+                    if cuda and workers:
+                        pool = model._staging_pool()
+                        row["staging"] = {"allocations": pool.allocations, "bytes": pool.nbytes}
+                    rows.append(row)
+                    print("row " + json.dumps(row), flush=True)
+    forward = {f"graph={g}": forward_rate(model, args.batch, args.imgsz, half, g, args.repeats) for g in graphs}
+    result = {**env, "precision": "fp16" if half else "fp32", "rows": rows, "forward_images_per_s": forward}
+    plain = {(r["source"], r["cuda_graph"]): r["images_per_s"] for r in rows if r["workers"] == 0}
+    print(f"\nYOLOv9-t b{args.batch} {result['precision']} imgsz {args.imgsz}, {args.n} frames of {w}x{h}, "
+          f"stream=True ({env['device']}, torch {env['torch']})")
+    print(f"{'source':>8} | {'graph':>5} | {'workers':>7} | {'path':>8} | {'images/s':>9} | {'x plain':>7}")
+    for r in rows:
+        base = plain[(r["source"], r["cuda_graph"])]
+        print(f"{r['source']:>8} | {r['cuda_graph']!s:>5} | {r['workers']:>7} | {r['path']:>8} | "
+              f"{r['images_per_s']:>9} | {round(r['images_per_s'] / base, 2) if base else '-':>7}")
+    print("network forward alone (images/s):", forward)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""The streaming pipeline of ``predict()`` over many images: decode, stage and upload ahead.
+
+``predict()`` over a list, a folder or a generator runs batch by batch. With ``workers`` > 0
+(the default on CUDA) three things overlap instead of taking turns:
+
+- **decoding**: the images of the next batch are decoded on ``workers`` threads (Pillow releases
+  the GIL while it decodes), in order (:meth:`libreyolo.data.sources.Sources.batches`);
+- **upload**: a :class:`Feeder` thread packs each decoded batch's 8-bit pixels into one
+  page-locked (pinned) staging buffer from a :class:`StagingPool` (allocated once, reused across
+  batches and calls) and copies it to the device in one transfer on a side CUDA stream, recording
+  an event; the compute stream waits for that event, not for the host;
+- **read-back**: the predictor enqueues batch *i + 1* before it reads batch *i*'s results back
+  (:meth:`libreyolo.models.base.Family.postprocess_later`: a non-blocking copy of the detection
+  counts to pinned memory and one event wait), so the device is not idle while the host builds
+  Results.
+
+Memory: at most :data:`BATCHES_IN_FLIGHT` batches of decoded pixels exist at once (the one being
+read back, the one running, the one being decoded and uploaded); the staging pool holds at most
+:attr:`StagingPool.max_slots` buffers of at most ``max_bytes`` each. The pixels reach the device
+byte for byte as the one-image path sends them and are reordered by the same
+:meth:`~libreyolo.data.sources.SourceImage.orient`, so every number equals ``workers=0``.
+On the CPU the default is ``workers=0``: the plain path, one batch decoded when it comes.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from libreyolo.data.sources import SourceImage, Sources
+
+BATCHES_IN_FLIGHT = 3  # read back + running + being decoded/uploaded: the host memory bound, in batches
+DEFAULT_WORKERS = 4    # decode threads on CUDA when predict() is given no ``workers``
+_ALIGN = 256           # bytes: each image's offset in a staging buffer (device views start aligned)
+
+
+def resolve_workers(workers: int | None, device: torch.device) -> int:
+    """Decode threads for one call: as given, else :data:`DEFAULT_WORKERS` (at most the CPUs) on
+    CUDA and 0 (the plain path) elsewhere."""
+    if workers is not None:
+        return workers
+    return min(DEFAULT_WORKERS, os.cpu_count() or 1) if device.type == "cuda" else 0
+
+
+def staging_wanted(device: torch.device) -> bool:
+    """Whether batches for ``device`` go through pinned staging (a host-to-device copy exists)."""
+    return device.type == "cuda"
+
+
+# --- pinned staging buffers ----------------------------------------------------------------------
+@dataclass(eq=False)
+class StagingSlot:
+    """One host buffer; ``fence`` is the event of the last copy that reads it (None: nothing pending)."""
+
+    buffer: torch.Tensor
+    fence: Any = None
+    pooled: bool = True
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer.numel()
+
+    def wait(self) -> None:
+        """Block until the last copy from this buffer has read it: only then may it be rewritten."""
+        if self.fence is not None:
+            self.fence.synchronize()
+            self.fence = None
+
+
+@dataclass
+class StagingPool:
+    """Page-locked host buffers for batch uploads, reused across batches and calls.
+
+    :meth:`acquire` hands out a buffer of at least ``nbytes`` that no pending copy still reads
+    (it waits on the buffer's fence first); :meth:`release` returns it with the event of the copy
+    that reads it. At most ``max_slots`` buffers are kept; a buffer grows (to the next power of
+    two) only when a batch does not fit, so a stream of same-size batches allocates once per
+    slot. ``allocations`` counts every buffer ever allocated (the tests watch it).
+    """
+
+    pin: bool = True
+    max_slots: int = 3
+    max_bytes: int = 1 << 30  # a batch bigger than this is uploaded image by image instead
+    allocations: int = 0
+    _idle: list[StagingSlot] = field(default_factory=list)
+    _slots: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the idle buffers (all of them between calls)."""
+        return sum(s.capacity for s in self._idle)
+
+    def acquire(self, nbytes: int) -> StagingSlot | None:
+        """A buffer for ``nbytes`` (waited for), or None when ``nbytes`` is over ``max_bytes``."""
+        if nbytes > self.max_bytes:
+            return None
+        with self._lock:
+            fits = [s for s in self._idle if s.capacity >= nbytes]
+            ready = [s for s in fits if s.fence is None or s.fence.query()]
+            if ready or (fits and self._slots >= self.max_slots):  # else a new buffer beats waiting
+                slot = (ready or fits)[0]
+                self._idle.remove(slot)
+            elif self._slots < self.max_slots:
+                slot = self._new(nbytes, pooled=True)
+                self._slots += 1
+            elif self._idle:  # every buffer is too small: replace the smallest idle one
+                old = min(self._idle, key=lambda s: s.capacity)
+                self._idle.remove(old)
+                old.wait()  # its last copy must finish before its memory goes back to the allocator
+                slot = self._new(nbytes, pooled=True)
+            else:  # every buffer is out (concurrent calls): a one-off buffer, not kept
+                slot = self._new(nbytes, pooled=False)
+        slot.wait()
+        return slot
+
+    def release(self, slot: StagingSlot, fence: Any) -> None:
+        """``slot`` is free for reuse once ``fence`` (the copy reading it; None: done) completes."""
+        slot.fence = fence
+        if slot.pooled:
+            with self._lock:
+                self._idle.append(slot)
+
+    def _new(self, nbytes: int, *, pooled: bool) -> StagingSlot:
+        self.allocations += 1
+        capacity = 1 << max(20, (nbytes - 1).bit_length())  # at least 1 MiB, powers of two
+        pin = self.pin and torch.cuda.is_available()
+        return StagingSlot(torch.empty(capacity, dtype=torch.uint8, pin_memory=pin), pooled=pooled)
+
+
+@dataclass
+class StagedBatch:
+    """A batch's images on the device (CHW RGB views), and what the compute stream must wait for."""
+
+    tensors: list[torch.Tensor]
+    event: Any = None                       # the upload's completion (CUDA), None when already done
+    owned: list[torch.Tensor] = field(default_factory=list)  # device memory allocated on the side stream
+
+    def ready(self, device: torch.device) -> list[torch.Tensor]:
+        """The tensors, safe to use on ``device``'s current stream: it waits for the upload, and the
+        caching allocator is told that stream uses the side stream's memory (``record_stream``)."""
+        if self.event is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_event(self.event)
+            for t in self.owned:
+                t.record_stream(current)
+            self.event = None
+        return self.tensors
+
+
+def _stageable(img: SourceImage) -> bool:
+    p = img.pixels
+    return p.dtype == torch.uint8 and p.device.type == "cpu" and p.is_contiguous()
+
+
+def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
+          side: Any = None) -> StagedBatch:
+    """``chunk``'s images on ``device``: the 8-bit ones packed into one staging buffer and copied
+    in one transfer (on the ``side`` stream, when given), the others one by one as
+    :meth:`SourceImage.to_device` sends them. The same bytes, reordered by the same code."""
+    offsets: list[int | None] = []
+    total = 0
+    for img in chunk:
+        if _stageable(img):
+            offsets.append(total)
+            total += -(-img.pixels.numel() // _ALIGN) * _ALIGN
+        else:
+            offsets.append(None)
+    slot = pool.acquire(total) if total else None
+    if slot is None:
+        offsets = [None] * len(chunk)
+    else:
+        host = slot.buffer
+        for img, off in zip(chunk, offsets, strict=True):
+            if off is not None:
+                host[off:off + img.pixels.numel()].copy_(img.pixels.view(-1))
+    use_side = side is not None and device.type == "cuda"
+    with torch.cuda.stream(side) if use_side else _nothing():
+        owned: list[torch.Tensor] = []
+        tensors: list[Any] = [None] * len(chunk)
+        if slot is not None:
+            flat = torch.empty(total, dtype=torch.uint8, device=device)
+            flat.copy_(slot.buffer[:total], non_blocking=True)
+            owned.append(flat)
+            for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
+                if off is not None:
+                    tensors[i] = img.orient(flat[off:off + img.pixels.numel()].view(img.pixels.shape))
+        for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
+            if off is None:
+                t = img.to_device(device)
+                owned.append(t)
+                tensors[i] = t
+        event = None
+        if use_side:
+            event = torch.cuda.Event()
+            event.record(side)
+    if slot is not None:
+        pool.release(slot, event)
+    return StagedBatch(tensors, event, owned if use_side else [])
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+# --- the feeder thread ---------------------------------------------------------------------------
+@dataclass
+class FedBatch:
+    """One batch from the :class:`Feeder`: its images, their device copies (None: upload at use),
+    and how many files had been skipped when it was complete (for the progress bar)."""
+
+    chunk: list[SourceImage]
+    staged: StagedBatch | None
+    skipped: int
+
+
+class Feeder:
+    """Decodes (on ``workers`` threads) and stages batches on a background thread, handing them
+    out in order; at most ``in_flight`` batches are out of its hands and not yet :meth:`done`.
+
+    Iterate it for :class:`FedBatch` objects; an error of the source (an unreadable single
+    image, an unsupported item of a generator) is raised by the iteration at its place in the
+    order. :meth:`close` (also on leaving a ``with``) stops it early and joins the thread.
+    """
+
+    def __init__(self, sources: Sources, step: int, *, skip_unreadable: bool, workers: int,
+                 device: torch.device, pool: StagingPool | None, in_flight: int = BATCHES_IN_FLIGHT) -> None:
+        self.sources, self.step, self.skip, self.workers = sources, step, skip_unreadable, workers
+        self.device, self.pool = device, pool
+        self._room = threading.Semaphore(max(1, in_flight - 1))  # the consumer holds one more itself
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._side = torch.cuda.Stream(device) if pool is not None and device.type == "cuda" else None
+        self._thread = threading.Thread(target=self._run, name="libreyolo-feeder", daemon=True)
+        self._started = False
+
+    def __iter__(self) -> Iterator[FedBatch]:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        while True:
+            kind, value = self._out.get()
+            if kind == "batch":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+
+    def done(self) -> None:
+        """The consumer is finished with one batch: the feeder may prepare another."""
+        self._room.release()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._room.release()  # wake it if it waits for room
+        if self._started:
+            self._thread.join()
+
+    def __enter__(self) -> Feeder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        batches = self.sources.batches(self.step, skip_unreadable=self.skip, workers=self.workers)
+        try:
+            if self.device.type == "cuda" and self.device.index is not None:
+                torch.cuda.set_device(self.device)  # this thread's allocations and streams go there
+            while True:
+                self._room.acquire()
+                if self._stop.is_set():
+                    return
+                chunk = next(batches, None)
+                if chunk is None:
+                    break
+                staged = None if self.pool is None else stage(chunk, self.device, self.pool, self._side)
+                self._out.put(("batch", FedBatch(chunk, staged, len(self.sources.skipped))))
+            self._out.put(("end", None))
+        except BaseException as exc:  # handed to the consumer, raised there in order
+            self._out.put(("error", exc))
+        finally:
+            batches.close()  # stops the decode threads (in this thread, which runs the generator)
