@@ -83,3 +83,16 @@ if [ "$phase" = issue27 ]; then
   timeout 240 python -u bench/serve_bench.py --half --out "$out/$day-serve-h200-fp16.json" > "$out/$day-serve-h200-fp16.log" 2>&1
   echo "serve fp16 rc=$?"; tail -14 "$out/$day-serve-h200-fp16.log"
 fi
+if [ "$phase" = issue26 ]; then
+  # DETR whole-pipeline graph parity (top-k postprocessing captured), the GPU tests of the graphs, DETR and the
+  # streaming pipeline, then where the b32 throughput path and DETR b1 spend their time
+  timeout 150 python -u -m libreyolo.graphs.parity --family rtdetr dfine --json "$out/$day-graph-parity-detr-pipeline-h200.json" \
+    --md "$out/$day-graph-parity-detr-pipeline-h200.md" > "$out/$day-graph-parity-detr-pipeline-h200.log" 2>&1
+  echo "detr parity rc=$?"; grep -E "^(rtdetr|dfine)-|Error" "$out/$day-graph-parity-detr-pipeline-h200.log" | tail -10
+  timeout 200 python -m pytest -q -m gpu tests/test_graphs_gpu.py tests/test_detr_gpu.py tests/test_stream_pipeline.py \
+    -p no:cacheprovider > "$out/$day-gpu-tests-h200-issue26.log" 2>&1
+  echo "gpu tests rc=$?"; tail -8 "$out/$day-gpu-tests-h200-issue26.log"
+  timeout 200 python -u bench/throughput_profile.py --json "$out/$day-throughput-profile-h200.json" \
+    > "$out/$day-throughput-profile-h200.log" 2>&1
+  echo "profile rc=$?"; grep -v "^ *$" "$out/$day-throughput-profile-h200.log" | head -120
+fi

@@ -203,6 +203,53 @@ def test_close_finishes_the_queued_requests_without_waiting_for_the_batch_to_fil
     assert same(futures[2].result(), model(frames[2], imgsz=IMGSZ, conf=CONF))
 
 
+def test_in_flight_batches_run_at_once_and_each_caller_still_gets_its_result(model, frames):
+    inside, both = threading.Semaphore(0), threading.Event()
+    active = [0]
+    lock = threading.Lock()
+
+    class TwoAtOnce(Gated):
+        def predict(self, images, **kw):  # returns only once two predicts were inside at the same time
+            with lock:
+                active[0] += 1
+                if active[0] == 2:
+                    both.set()
+            inside.release()
+            try:
+                assert both.wait(30), "the second batch never started while the first ran"
+                return self._model.predict(images, **kw)
+            finally:
+                with lock:
+                    active[0] -= 1
+
+    want = [model(f, imgsz=IMGSZ, conf=CONF) for f in frames]
+    with Batcher(TwoAtOnce(model), max_batch=2, max_wait_ms=0, in_flight=2, imgsz=IMGSZ, conf=CONF) as batcher:
+        first = batcher.submit(frames[0])
+        assert inside.acquire(timeout=30)  # the first batch is running (and waiting for a second)
+        rest = [batcher.submit(f) for f in frames[1:]]
+        got = [first.result(60)] + [f.result(60) for f in rest]
+        stats = batcher.stats()
+    assert both.is_set() and stats["in_flight"] == 2
+    assert all(same(g, w) for g, w in zip(got, want, strict=True))
+    with Batcher(model, max_batch=2) as single:  # the default on the CPU: one batch at a time
+        assert single.stats()["in_flight"] == 1
+    with pytest.raises(ArgumentError, match="in_flight must be an integer from 1 to 8"):
+        Batcher(model, in_flight=0)
+    with pytest.raises(ArgumentError, match="workers cannot be set"):
+        Batcher(model, workers=4)
+
+
+def test_a_lone_request_does_not_wait_for_company_that_is_not_coming(model, frames):
+    with Batcher(model, max_batch=8, max_wait_ms=5_000, imgsz=IMGSZ, conf=CONF) as batcher:
+        t0 = time.perf_counter()
+        for f in frames[:2]:  # one client, one request after the other: batches of one
+            batcher(f)
+        took = time.perf_counter() - t0
+        stats = batcher.stats()
+    assert took < 5, f"a lone request waited for max_wait_ms ({took:.1f} s for two requests)"
+    assert stats["batches_by_size"] == {1: 2} and stats["queue_wait_ms_p50"] < 1000
+
+
 # --- HTTP -------------------------------------------------------------------------------------------
 class Server:
     """uvicorn in a thread on a free localhost port (the socket is bound here, then handed over)."""

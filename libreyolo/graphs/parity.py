@@ -293,8 +293,7 @@ def _pipeline_checks(model, p: dict[int, dict[str, torch.Tensor]], big: int, sma
                 for i in range(x.shape[0])]
 
     def conf_for(x: torch.Tensor) -> float:
-        scores = model._forward(x)[family.export.nms_input or next(iter(family.export.output_names))]
-        flat = scores[:, 4:].float().flatten()
+        flat = post.scores(model._forward(x)).float().flatten()
         return float(flat.topk(min(1000, flat.numel())).values[-1]) * 0.999
 
     def same(x: torch.Tensor, **kw: Any) -> tuple[bool, str]:

@@ -244,6 +244,10 @@ class DetectPostprocess:
         dets, counts = detect_padded(outputs[self.output], params, max_det=max_det, max_nms=max_nms)
         return {"detections": dets, "counts": counts}
 
+    def scores(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The candidates' class probabilities, the values ``conf`` is compared with (any layout)."""
+        return outputs[self.output][:, 4:]
+
     def read(self, padded: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         return read_detections(padded["detections"], padded["counts"])
 

@@ -80,12 +80,20 @@ def _opencv_axis(src: int, dst: int, clamp_edges: bool) -> tuple[torch.Tensor, .
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (i0, i1, w0, w1))
 
 
+@lru_cache(maxsize=64)
+def _on_device(table: Any, src: int, dst: int, device: torch.device, *flags: bool) -> tuple[torch.Tensor, ...]:
+    """``table(src, dst, *flags)`` (an axis's indices and weights) copied to ``device`` once: a
+    stream of same-size frames then sends no small tables per image (each copy from pageable
+    memory would hold the host)."""
+    return tuple(t.to(device) for t in table(src, dst, *flags))
+
+
 def _resize_opencv(img: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
     """(C, H, W) uint8 -> (C, h_out, w_out) uint8, equal to ``cv2.resize(..., INTER_LINEAR)``."""
     _, h, w = img.shape
     dev = img.device
-    x0, x1, a0, a1 = (t.to(dev) for t in _opencv_axis(w, w_out, True))
-    y0, y1, b0, b1 = (t.to(dev) for t in _opencv_axis(h, h_out, False))
+    x0, x1, a0, a1 = _on_device(_opencv_axis, w, w_out, dev, True)
+    y0, y1, b0, b1 = _on_device(_opencv_axis, h, h_out, dev, False)
     src = img.to(torch.int32)
     rows = src[:, :, x0] * a0 + src[:, :, x1] * a1          # (C, h, w_out), scaled by 2^11
     s0, s1 = rows[:, y0] >> 4, rows[:, y1] >> 4             # as the SIMD kernel packs them to 16 bit
@@ -120,7 +128,7 @@ def _pil_axis(src: int, dst: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _pil_pass(img: torch.Tensor, src: int, dst: int, dim: int) -> torch.Tensor:
-    index, weight = (t.to(img.device) for t in _pil_axis(src, dst))
+    index, weight = _on_device(_pil_axis, src, dst, img.device)
     acc = None
     for t in range(index.shape[1]):
         if dim == 2:

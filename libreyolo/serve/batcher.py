@@ -2,13 +2,21 @@
 
 Callers (threads, or asyncio tasks through :meth:`Batcher.apredict`) submit one image each. Each
 image is decoded and its options checked in the caller, so a bad image or option fails only its
-own request, before it can reach a batch. One worker thread takes the oldest request, waits at
+own request, before it can reach a batch. A worker thread takes the oldest request, waits at
 most ``max_wait_ms`` (from that request's arrival) for up to ``max_batch`` requests, groups them
 by their options (requests with different ``imgsz``/``conf``/... never share a forward) and runs
 one ``model.predict([...])`` per group, padded to one of a few fixed batch sizes (powers of two up
 to ``max_batch``) by repeating an image, so with ``cuda_graph=True`` a graph is captured once per
 size and replayed afterwards. The padding's results are dropped. When a batch raises, its images
 are run again one at a time, so only the culprit gets the exception.
+
+``in_flight`` workers do this at once (default 2 on CUDA, 1 elsewhere): while one batch runs on
+the device, another is uploaded, letterboxed and its results built on the host (``predict()`` is
+thread-safe, and a CUDA graph's replay lock is held only while it is enqueued).
+
+A lone request waits for company only when the traffic says company is coming: when the batch
+before it had more than one request, or another request is already queued. A single client
+therefore never pays ``max_wait_ms``; under load the batches fill as before.
 """
 from __future__ import annotations
 
@@ -75,16 +83,20 @@ class Batcher:
     """
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_wait_ms: float = 2.0,
-                 batch_sizes: Sequence[int] | None = None, **predict_kw: Any) -> None:
+                 batch_sizes: Sequence[int] | None = None, in_flight: int | None = None, **predict_kw: Any) -> None:
         self.model = model
         self.max_batch = BATCHER_OPTIONS["max_batch"].check("max_batch", max_batch)
         self.max_wait_ms = BATCHER_OPTIONS["max_wait_ms"].check("max_wait_ms", max_wait_ms)
         self.batch_sizes = self._check_sizes(batch_sizes)
+        in_flight = BATCHER_OPTIONS["in_flight"].check("in_flight", in_flight)
         from libreyolo.engine.options import PREDICT_OPTIONS
         from libreyolo.utils.checks import resolve_device
 
         device = predict_kw.pop("device", None)
         self._device = resolve_device(PREDICT_OPTIONS["device"].check("device", device))
+        run_on = self._device or getattr(model, "device", None)
+        on_cuda = run_on is not None and getattr(run_on, "type", None) == "cuda"
+        self.in_flight = in_flight if in_flight is not None else (2 if on_cuda else 1)
         self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
                                                                    predict_kw.pop("color_format", "bgr"))
         self.predict_kw = dict(predict_kw)
@@ -96,8 +108,11 @@ class Batcher:
         self._latency: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._wait: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._by_size: collections.Counter[int] = collections.Counter()
-        self._worker = threading.Thread(target=self._run, name="libreyolo-batcher", daemon=True)
-        self._worker.start()
+        self._last_group = 1  # size of the batch formed last: a lone request waits only after a shared one
+        self._workers = [threading.Thread(target=self._run, name=f"libreyolo-batcher-{i}", daemon=True)
+                         for i in range(self.in_flight)]
+        for worker in self._workers:
+            worker.start()
 
     def _check_sizes(self, sizes: Sequence[int] | None) -> tuple[int, ...]:
         if sizes is None:
@@ -117,7 +132,8 @@ class Batcher:
         refused = sorted(k for k in options if k in NOT_PER_REQUEST)
         if refused:
             raise ArgumentError(f"{', '.join(refused)} cannot be set on a batched request: the Batcher sets the "
-                                "batch and runs on one device (give device= to Batcher()); leave the rest out")
+                                "batch and its decoding, and runs on one device (give device= to Batcher()); "
+                                "leave them out")
         merged = {**self.predict_kw, **options}
         common = {k: COMMON_PREDICT_OPTIONS[k].check(k, merged.pop(k)) for k in list(merged)
                   if k in COMMON_PREDICT_OPTIONS}
@@ -206,6 +222,8 @@ class Batcher:
                     return None
                 self._cond.wait()
             deadline = self._queue[0].t_submit + self.max_wait_ms / 1e3
+            if len(self._queue) == 1 and self._last_group == 1:
+                deadline = 0.0  # no sign of company coming: waiting would only add latency
             while len(self._queue) < self.max_batch and not self._closed:
                 left = deadline - time.perf_counter()
                 if left <= 0:
@@ -217,6 +235,7 @@ class Batcher:
                 r = self._queue.popleft()
                 (group if r.key == key and len(group) < self.max_batch else rest).append(r)
             self._queue = rest
+            self._last_group = len(group)
         return [r for r in group if r.future.set_running_or_notify_cancel()]  # drop cancelled ones
 
     def _run(self) -> None:
@@ -267,7 +286,8 @@ class Batcher:
                 r.future.set_result(result)
 
     def _predict(self, images: list[Any], call: dict[str, Any], size: int) -> list[Any]:
-        out = self.model.predict(images, batch=size, device=self._device, color_format="rgb", **call)
+        # workers=0: one batch per call, nothing to stream; the workers overlap batches instead
+        out = self.model.predict(images, batch=size, device=self._device, color_format="rgb", workers=0, **call)
         if len(out) != len(images):  # predict() skips unreadable list items; ours were decoded already
             raise ImageError(f"predict() returned {len(out)} results for {len(images)} images")
         return out
@@ -289,6 +309,7 @@ class Batcher:
                 "batches_by_size": by_size, "queue_wait_ms_mean": round(float(wait.mean()), 3) if wait.size else None,
                 "queue_wait_ms_p50": pct(wait, 50), "latency_ms_p50": pct(lat, 50), "latency_ms_p99": pct(lat, 99),
                 "max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms, "batch_sizes": list(self.batch_sizes),
+                "in_flight": self.in_flight,
                 "closed": self._closed}
 
     @property
@@ -300,8 +321,10 @@ class Batcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if threading.current_thread() is not self._worker:
-            self._worker.join(timeout)
+        end = None if timeout is None else time.perf_counter() + timeout
+        for worker in self._workers:
+            if threading.current_thread() is not worker:
+                worker.join(None if end is None else max(0.0, end - time.perf_counter()))
 
     def __enter__(self) -> Batcher:
         return self

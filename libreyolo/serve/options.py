@@ -12,10 +12,13 @@ BATCHER_OPTIONS: dict[str, Opt] = {
     "max_batch": Opt(int, 8, "most requests coalesced into one forward", min=1, max=MAX_BATCH),
     "max_wait_ms": Opt(float, 2.0, "longest a request waits for its batch to fill", min=0.0, max=MAX_WAIT_MS,
                        unit="ms"),
+    # None: 2 on CUDA (one batch's host work -- upload, results -- overlaps another's device work), 1 elsewhere
+    "in_flight": Opt(int, None, "batches run at once, each on its own thread (default: 2 on CUDA, 1 elsewhere)",
+                     min=1, max=8, none_ok=True),
 }
 
 # predict() options a request may not set: they describe the batch or the call, not the image
-NOT_PER_REQUEST = ("batch", "stream", "progress", "verbose", "device")
+NOT_PER_REQUEST = ("batch", "stream", "progress", "verbose", "device", "workers")
 
 
 def _port(name: str, value: object) -> int:

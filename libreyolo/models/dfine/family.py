@@ -6,20 +6,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.models._detr.family import SetDetectFamily
 from libreyolo.models._detr.training import train_decode as detr_train_decode
 from libreyolo.models._detr.training import train_encode as detr_train_encode
-from libreyolo.models.base import Family
 from libreyolo.models.dfine.network import DFINE, SIZES
 from libreyolo.models.registry import register_family
 from libreyolo.models.rtdetr.family import DETR_EXPORT
 from libreyolo.ops.stretch import Stretch
-from libreyolo.ops.topk import topk_postprocess
 
 
 @register_family
-class DFINEFamily(Family):
+class DFINEFamily(SetDetectFamily):
     name = "dfine"
-    task = "detect"
     sizes = tuple(SIZES)
     default_size = "n"
     default_imgsz = 640
@@ -40,6 +38,7 @@ class DFINEFamily(Family):
     # the DETR recipe: AdamW at 1e-4 with weight decay 1e-4 and tight clipping, no mosaic
     train_defaults = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4, "clip": 0.1, "mosaic": 0.0}
     SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-*parity*)
+    SUPPORTS_PIPELINE_GRAPH = True  # top-k postprocessing in the graph: H200 pipeline parity rows (2026-12-04)
 
     def build(self, size: str, nc: int) -> nn.Module:
         return DFINE(size, nc)
@@ -56,11 +55,6 @@ class DFINEFamily(Family):
     def letterbox(self, imgsz: int) -> Stretch:
         # the reference resizes with Pillow's bilinear filter to imgsz x imgsz, no letterbox, no mean/std
         return Stretch(imgsz, method="pil-bilinear")
-
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, opts: Any = None, **kw: Any) -> list[dict]:
-        o = self.task_options(opts, kw)
-        return topk_postprocess(outputs["pred_logits"], outputs["pred_boxes"], metas, conf=o.conf,
-                                max_det=o.max_det, classes=o.classes)
 
     def filename(self, size: str) -> str:
         return f"LibreDFINE{size}"

@@ -6,13 +6,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.models._detr.family import SetDetectFamily
 from libreyolo.models._detr.training import train_decode as detr_train_decode
 from libreyolo.models._detr.training import train_encode as detr_train_encode
-from libreyolo.models.base import ExportContract, Family, OutputGroup
+from libreyolo.models.base import ExportContract, OutputGroup
 from libreyolo.models.registry import register_family
 from libreyolo.models.rtdetr.network import RTDETR, SIZES
 from libreyolo.ops.stretch import Stretch
-from libreyolo.ops.topk import topk_postprocess
 
 # DETR outputs are per-query rows; logits reach tens, so float32 artifacts are held to 1e-4
 # plus a relative 1e-5, and float16 ones (TensorRT) to a looser bound: decoders drift in fp16
@@ -36,9 +36,8 @@ DETR_EXPORT = ExportContract(
 
 
 @register_family
-class RTDETRFamily(Family):
+class RTDETRFamily(SetDetectFamily):
     name = "rtdetr"
-    task = "detect"
     sizes = tuple(SIZES)
     default_size = "r18"
     default_imgsz = 640
@@ -57,6 +56,7 @@ class RTDETRFamily(Family):
     # the DETR recipe: AdamW at 1e-4 with weight decay 1e-4 and tight clipping, no mosaic
     train_defaults = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4, "clip": 0.1, "mosaic": 0.0}
     SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-*parity*)
+    SUPPORTS_PIPELINE_GRAPH = True  # top-k postprocessing in the graph: H200 pipeline parity rows (2026-12-04)
 
     def build(self, size: str, nc: int) -> nn.Module:
         return RTDETR(size, nc)
@@ -73,11 +73,6 @@ class RTDETRFamily(Family):
     def letterbox(self, imgsz: int) -> Stretch:
         # the reference resizes with cv2.INTER_LINEAR to imgsz x imgsz, no letterbox, no mean/std
         return Stretch(imgsz, method="opencv-linear")
-
-    def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, opts: Any = None, **kw: Any) -> list[dict]:
-        o = self.task_options(opts, kw)
-        return topk_postprocess(outputs["pred_logits"], outputs["pred_boxes"], metas, conf=o.conf,
-                                max_det=o.max_det, classes=o.classes)
 
     def filename(self, size: str) -> str:
         return f"LibreRTDETR{size}"
