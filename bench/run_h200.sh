@@ -96,3 +96,19 @@ if [ "$phase" = issue26 ]; then
     > "$out/$day-throughput-profile-h200.log" 2>&1
   echo "profile rc=$?"; grep -v "^ *$" "$out/$day-throughput-profile-h200.log" | head -120
 fi
+if [ "$phase" = throughput ]; then
+  # the b32 forward with and without cuDNN's autotuner; the Batcher (in_flight 2) against one forward per request,
+  # fp16; the streaming pipeline on host arrays and JPEG files, graphed
+  timeout 90 python -u bench/throughput_profile.py --sections forward --json "$out/$day-forward-cudnn-h200.json" \
+    > "$out/$day-forward-cudnn-h200.log" 2>&1; echo "forward rc=$?"; tail -3 "$out/$day-forward-cudnn-h200.log"
+  timeout 240 python -u bench/serve_bench.py --half --out "$out/$day-serve-h200-fp16-inflight.json" \
+    > "$out/$day-serve-h200-fp16-inflight.log" 2>&1; echo "serve fp16 rc=$?"; tail -14 "$out/$day-serve-h200-fp16-inflight.log"
+  timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 8 --json "$out/$day-stream-h200-run2.json" \
+    > "$out/$day-stream-h200-run2.log" 2>&1; echo "stream rc=$?"; tail -12 "$out/$day-stream-h200-run2.log"
+fi
+if [ "$phase" = serving26 ]; then
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 540 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
+    --workloads sparse dense --json "$out/$day-serving-h200.json" > "$out/$day-serving-h200.log" 2>&1
+  echo "serving rc=$?"; tail -40 "$out/$day-serving-h200.log"
+fi

@@ -19,7 +19,7 @@ batch, exported and validated here, one per weights and precision), and through 
 eager and graphed ``predict()`` in a child process of ``--peer-python`` (its own interpreter,
 so the two packages never share a process). Also measured: our graphed network forward alone,
 the postprocessing alone (the family's ``postprocess`` on the network's outputs, per image),
-and, for the families rows, yolox-s, vit-s (224), rtdetr-r18 and dfine-n at batch 1 fp32
+and, for the families rows, yolox-s, vit-s (224), rtdetr-r18/r34 and dfine-n/s at batch 1 fp32
 (untrained weights, the same file on both sides).
 
 Each figure is the median of ``--n`` calls (fewer for large batches) after a warm-up, timed on
@@ -56,7 +56,8 @@ WORKLOADS = {  # name: (weights key, conf)
     "spread-0.001": ("spread", 0.001),
 }
 FAMILIES = (("yolox-s", "LibreYOLOXs.pt", 640), ("vit-s", "LibreViTs-cls.pt", 224),
-            ("rtdetr-r18", "LibreRTDETRr18.pt", 640), ("dfine-n", "LibreDFINEn.pt", 640))
+            ("rtdetr-r18", "LibreRTDETRr18.pt", 640), ("rtdetr-r34", "LibreRTDETRr34.pt", 640),
+            ("dfine-n", "LibreDFINEn.pt", 640), ("dfine-s", "LibreDFINEs.pt", 640))
 
 
 def frame(h: int = 480, w: int = 640) -> np.ndarray:

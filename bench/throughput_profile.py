@@ -76,6 +76,35 @@ def forward_section(model, batch: int, imgsz: int) -> dict:
         with torch.cuda.graph(g):
             module(static)
     out["bare_cudagraph_cl_ms"] = timed(g.replay, 30)
+    # the same with cuDNN's autotuner choosing the convolution algorithms (a process-wide switch)
+    torch.backends.cudnn.benchmark = True
+    try:
+        with torch.inference_mode():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    module(static)
+            torch.cuda.current_stream().wait_stream(s)
+            g2 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g2):
+                bench_out = module(static)
+        out["bare_cudagraph_cl_cudnn_benchmark_ms"] = timed(g2.replay, 30)
+        def as_dict(o):
+            if isinstance(o, dict):
+                return o
+            return {str(i): t for i, t in enumerate(o)} if isinstance(o, (list, tuple)) else {"out": o}
+
+        with torch.inference_mode():
+            tuned = {k: v.clone() for k, v in as_dict(module(static)).items()}
+            torch.backends.cudnn.benchmark = False
+            plain = as_dict(module(static))
+        # do the autotuned algorithms change the numbers? (fp16: the largest output difference)
+        out["cudnn_benchmark_max_abs_diff"] = max(float((tuned[k].float() - plain[k].float()).abs().max())
+                                                  for k in plain)
+        del bench_out
+    finally:
+        torch.backends.cudnn.benchmark = False
     out["images_per_s"] = {k: round(batch / v * 1e3, 1) for k, v in out.items() if k.endswith("_ms")}
     return out
 

@@ -141,7 +141,7 @@ def test_a_bad_image_fails_alone(model, frames):
     poison = frames[3].copy()
     poison[0, 0] = (1, 2, 3)  # decodes fine: it fails inside the batch's predict()
     want = [model(f, imgsz=IMGSZ, conf=CONF) for f in frames[:3]]
-    gate = Gated(model, hold=True, poison=np.ascontiguousarray(poison[:, :, ::-1]))  # the batch holds RGB
+    gate = Gated(model, hold=True, poison=poison)  # the batch holds the array as it came (BGR)
     with Batcher(gate, max_batch=8, max_wait_ms=0, imgsz=IMGSZ, conf=CONF) as batcher:
         with pytest.raises(ImageError, match="corrupt or not an image"):
             batcher.submit(b"GIF89a not really")  # refused in the caller: it never reaches a batch

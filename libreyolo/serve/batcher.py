@@ -43,7 +43,7 @@ class BatcherClosed(LibreYOLOError, RuntimeError):
 
 @dataclass
 class _Request:
-    image: Any                      # an RGB HWC uint8 array or a CHW tensor, as predict() takes it
+    image: Any                      # an HWC uint8 array (its channel order in ``call``) or a CHW tensor
     path: str | None
     key: tuple                      # the options that change the computation, canonical and hashable
     call: dict[str, Any]            # those options, as predict() keywords
@@ -146,12 +146,15 @@ class Batcher:
         key = _hashable({**common, **dict(task)})
         return key, call
 
-    def _prepare_image(self, image: Any, color_format: str) -> tuple[Any, str | None]:
-        """The request's image decoded now, as one predict() input: an RGB array or a CHW tensor."""
+    def _prepare_image(self, image: Any, color_format: str) -> tuple[Any, str | None, str]:
+        """The request's image decoded now, as one predict() input, its path and channel order: an
+        HWC array in the order it came in (a BGR frame is not reordered on the host: predict()
+        uploads it as it is and flips it on the device), or a CHW tensor (RGB). Requests of
+        different orders are batched apart."""
         from libreyolo.data.sources import open_sources, read_image_bytes
 
         if isinstance(image, (bytes, bytearray, memoryview)):
-            return read_image_bytes(image, "the uploaded image"), None
+            return read_image_bytes(image, "the uploaded image"), None, "rgb"
         if isinstance(image, (list, tuple)):
             raise ImageError(f"a request takes one image, got a {type(image).__name__} of {len(image)}; "
                              "submit each image as its own request")
@@ -160,9 +163,9 @@ class Batcher:
             raise ImageError(f"a request takes one image, got {len(plan)} (a directory or a batch); "
                              "submit each image as its own request")
         (img,), = plan.batches(1, skip_unreadable=False)
-        if img.hwc:
-            return np.ascontiguousarray(img.original), img.path  # RGB: what predict() computes with
-        return img.pixels, img.path
+        if img.hwc:  # the array predict() would upload (contiguous, 3 channels), no copy
+            return img.pixels.numpy(), img.path, "bgr" if img.bgr else "rgb"
+        return img.pixels, img.path, "rgb"
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Raise :class:`ArgumentError` when one request's options are wrong, as :meth:`submit` would."""
@@ -180,7 +183,8 @@ class Batcher:
         ``cuda_graph=True`` each size's graph is captured before the first request."""
         frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
         color_format, _, call = self._request_options(dict(options))
-        pixels, _ = self._prepare_image(frame, color_format)
+        pixels, _, order = self._prepare_image(frame, color_format)
+        call = {**call, "color_format": order}
         for size in self.batch_sizes:
             self._predict([pixels] * size, call, size)
 
@@ -192,8 +196,8 @@ class Batcher:
         if self._closed:
             raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
         color_format, key, call = self._request_options(dict(options))
-        pixels, path = self._prepare_image(image, color_format)
-        request = _Request(pixels, path, key, call)
+        pixels, path, order = self._prepare_image(image, color_format)
+        request = _Request(pixels, path, (key, order), {**call, "color_format": order})
         with self._cond:
             if self._closed:
                 raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
@@ -217,18 +221,21 @@ class Batcher:
     def _next_group(self) -> list[_Request] | None:
         """The oldest request and up to max_batch - 1 more with its options; None once closed and drained."""
         with self._cond:
-            while not self._queue:
-                if self._closed:
-                    return None
-                self._cond.wait()
-            deadline = self._queue[0].t_submit + self.max_wait_ms / 1e3
-            if len(self._queue) == 1 and self._last_group == 1:
-                deadline = 0.0  # no sign of company coming: waiting would only add latency
-            while len(self._queue) < self.max_batch and not self._closed:
-                left = deadline - time.perf_counter()
-                if left <= 0:
+            while True:
+                while not self._queue:
+                    if self._closed:
+                        return None
+                    self._cond.wait()
+                deadline = self._queue[0].t_submit + self.max_wait_ms / 1e3
+                if len(self._queue) == 1 and self._last_group == 1:
+                    deadline = 0.0  # no sign of company coming: waiting would only add latency
+                while 0 < len(self._queue) < self.max_batch and not self._closed:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if self._queue:  # else another worker took them while this one waited: start over
                     break
-                self._cond.wait(left)
             key = self._queue[0].key
             group, rest = [], collections.deque()
             while self._queue:
@@ -287,7 +294,7 @@ class Batcher:
 
     def _predict(self, images: list[Any], call: dict[str, Any], size: int) -> list[Any]:
         # workers=0: one batch per call, nothing to stream; the workers overlap batches instead
-        out = self.model.predict(images, batch=size, device=self._device, color_format="rgb", workers=0, **call)
+        out = self.model.predict(images, batch=size, device=self._device, workers=0, **call)
         if len(out) != len(images):  # predict() skips unreadable list items; ours were decoded already
             raise ImageError(f"predict() returned {len(out)} results for {len(images)} images")
         return out
