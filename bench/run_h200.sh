@@ -112,3 +112,14 @@ if [ "$phase" = serving26 ]; then
     --workloads sparse dense --json "$out/$day-serving-h200.json" > "$out/$day-serving-h200.log" 2>&1
   echo "serving rc=$?"; tail -40 "$out/$day-serving-h200.log"
 fi
+if [ "$phase" = throughput2 ]; then
+  # as "throughput", after the Batcher fixes; the serve bench on the reference-written yolo9-t (boxes above conf,
+  # so its exactness column means something)
+  timeout 90 python -u bench/throughput_profile.py --sections forward --json "$out/$day-forward-cudnn-h200.json" \
+    > "$out/$day-forward-cudnn-h200.log" 2>&1; echo "forward rc=$?"; tail -3 "$out/$day-forward-cudnn-h200.log"
+  timeout 240 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --out "$out/$day-serve-h200-fp16-run2.json" > "$out/$day-serve-h200-fp16-run2.log" 2>&1
+  echo "serve fp16 rc=$?"; tail -12 "$out/$day-serve-h200-fp16-run2.log"
+  timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 8 --json "$out/$day-stream-h200-run3.json" \
+    > "$out/$day-stream-h200-run3.log" 2>&1; echo "stream rc=$?"; tail -12 "$out/$day-stream-h200-run3.log"
+fi
