@@ -90,10 +90,11 @@ def forward_section(model, batch: int, imgsz: int) -> dict:
             with torch.cuda.graph(g2):
                 bench_out = module(static)
         out["bare_cudagraph_cl_cudnn_benchmark_ms"] = timed(g2.replay, 30)
-        def as_dict(o):
-            if isinstance(o, dict):
-                return o
-            return {str(i): t for i, t in enumerate(o)} if isinstance(o, (list, tuple)) else {"out": o}
+        def as_dict(o, name="out"):  # every tensor of a (nested) output, by path
+            if isinstance(o, torch.Tensor):
+                return {name: o}
+            items = o.items() if isinstance(o, dict) else enumerate(o)
+            return {k: v for key, sub in items for k, v in as_dict(sub, f"{name}.{key}").items()}
 
         with torch.inference_mode():
             tuned = {k: v.clone() for k, v in as_dict(module(static)).items()}
