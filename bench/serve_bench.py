@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{mode:<8} {n:>7} {row['req_per_s']:>9.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
                   f"{row.get('mean_batch') or 1:>6.2f} {row.get('queue_wait_ms_mean') or 0:>8.2f} "
-                  f"{row['exact']:>6.2f} {row['own']:>5.2f} {row['max_set_gap']:>8.2e} {row['max_box_diff']:>9.2e}", flush=True)
+                  f"{row['exact']:>6.2f} {row['own']:>5.2f} {row['max_set_gap']:>8.2e} {row['max_box_diff']:>9.2e}",
+                  flush=True)
 
     def find(mode: str, n: int) -> dict | None:
         return next((r for r in rows if r["mode"] == mode and r["clients"] == n), None)
