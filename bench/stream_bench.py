@@ -10,9 +10,9 @@ sources:
 - ``arrays``: ``--n`` host uint8 HWC frames (480x640 BGR) in a list, as a video decoder gives;
 - ``jpeg``: the same frames written as JPEG files (quality 90) to a folder on disk.
 
-Each source is run with ``workers=0`` (the plain path, exactly what predict() did before the
-streaming pipeline: one batch decoded when it comes, per-image pageable uploads, read back
-before the next batch is enqueued) and with each ``--workers`` value (decode threads, pinned
+Each source is run with ``workers=0`` (the plain path: one batch decoded when it comes, in the
+calling thread, uploaded through pinned staging (per-image pageable uploads before 2026-12-04),
+read back before the next batch is enqueued) and with each ``--workers`` value (decode threads, pinned
 staging, side-stream upload, deferred read-back; :mod:`libreyolo.engine.stream`), eager and
 with ``cuda_graph=True``. Reported: images/s (median of ``--repeats`` full passes after a
 warm-up pass), and the graphed network forward alone at the same batch for reference (the

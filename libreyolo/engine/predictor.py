@@ -15,7 +15,15 @@ from typing import Any
 import torch
 
 from libreyolo.data.sources import SourceImage, Sources, open_sources
-from libreyolo.engine.stream import Feeder, StagedBatch, StagingPool, resolve_workers, staging_wanted
+from libreyolo.engine.stream import (
+    Feeder,
+    StagedBatch,
+    StagingPool,
+    resolve_workers,
+    side_stream,
+    stage,
+    staging_wanted,
+)
 from libreyolo.errors import ArgumentError, ImageError
 from libreyolo.models.base import Family
 from libreyolo.results import Results, make_results
@@ -236,10 +244,19 @@ class Predictor:
 
     def _one_by_one(self, sources: Sources, step: int,
                     kw: dict[str, Any]) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
-        """(images, results, files skipped so far) per batch: decoded, run and read back in turn."""
+        """(images, results, files skipped so far) per batch: decoded, run and read back in turn.
+
+        On CUDA the 8-bit images of a batch are uploaded as the streaming pipeline does (one pinned
+        staging buffer, one copy on a side stream: :func:`libreyolo.engine.stream.stage`), in this
+        thread. A copy from pageable memory would first wait for all work queued on the device,
+        so two threads predicting at once (a :class:`~libreyolo.serve.Batcher` with ``in_flight``
+        2) could never overlap one's upload with the other's forward."""
+        device = kw.get("device") or self.device
+        pool = self._staging_pool() if staging_wanted(device) and not sources.on_device else None
         t0 = time.perf_counter()
         for chunk in sources.batches(step, skip_unreadable=not sources.single):
-            results = self._predict_chunk(chunk, t0, **kw)
+            staged = None if pool is None else stage(chunk, device, pool, side_stream(device))
+            results = self._predict_chunk(chunk, t0, staged=staged, **kw)
             yield chunk, results, len(sources.skipped)
             t0 = time.perf_counter()  # the caller's time between batches is not ours
 

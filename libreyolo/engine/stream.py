@@ -52,6 +52,18 @@ def staging_wanted(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+_THREAD = threading.local()
+
+
+def side_stream(device: torch.device) -> Any:
+    """This thread's upload stream for ``device`` (made once per thread and device)."""
+    streams = _THREAD.__dict__.setdefault("streams", {})
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in streams:
+        streams[key] = torch.cuda.Stream(torch.device("cuda", key))
+    return streams[key]
+
+
 # --- pinned staging buffers ----------------------------------------------------------------------
 @dataclass(eq=False)
 class StagingSlot:
