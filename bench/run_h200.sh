@@ -123,3 +123,16 @@ if [ "$phase" = throughput2 ]; then
   timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 8 --json "$out/$day-stream-h200-run3.json" \
     > "$out/$day-stream-h200-run3.log" 2>&1; echo "stream rc=$?"; tail -12 "$out/$day-stream-h200-run3.log"
 fi
+if [ "$phase" = throughput3 ]; then
+  # after the plain path's pinned staging: GPU tests of the stream pipeline and graphs, the forward probe, the
+  # Batcher on the reference-written yolo9-t (fp16), the streaming bench on arrays and JPEG files
+  timeout 150 python -m pytest -q -m gpu tests/test_stream_pipeline.py tests/test_graphs_gpu.py tests/test_serve.py \
+    -p no:cacheprovider > "$out/$day-gpu-tests-h200-staging.log" 2>&1; echo "gpu tests rc=$?"; tail -4 "$out/$day-gpu-tests-h200-staging.log"
+  timeout 90 python -u bench/throughput_profile.py --sections forward --json "$out/$day-forward-cudnn-h200.json" \
+    > "$out/$day-forward-cudnn-h200.log" 2>&1; echo "forward rc=$?"; tail -3 "$out/$day-forward-cudnn-h200.log"
+  timeout 240 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --out "$out/$day-serve-h200-fp16-run3.json" > "$out/$day-serve-h200-fp16-run3.log" 2>&1
+  echo "serve fp16 rc=$?"; tail -12 "$out/$day-serve-h200-fp16-run3.log"
+  timeout 150 python -u bench/stream_bench.py --graphs true --workers 4 --json "$out/$day-stream-h200-run4.json" \
+    > "$out/$day-stream-h200-run4.log" 2>&1; echo "stream rc=$?"; tail -9 "$out/$day-stream-h200-run4.log"
+fi
