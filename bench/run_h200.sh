@@ -130,9 +130,13 @@ if [ "$phase" = throughput3 ]; then
     -p no:cacheprovider > "$out/$day-gpu-tests-h200-staging.log" 2>&1; echo "gpu tests rc=$?"; tail -4 "$out/$day-gpu-tests-h200-staging.log"
   timeout 90 python -u bench/throughput_profile.py --sections forward --json "$out/$day-forward-cudnn-h200.json" \
     > "$out/$day-forward-cudnn-h200.log" 2>&1; echo "forward rc=$?"; tail -3 "$out/$day-forward-cudnn-h200.log"
-  timeout 240 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
-    --out "$out/$day-serve-h200-fp16-run3.json" > "$out/$day-serve-h200-fp16-run3.log" 2>&1
+  timeout 150 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 1,8,32 --requests 48 --out "$out/$day-serve-h200-fp16-run3.json" > "$out/$day-serve-h200-fp16-run3.log" 2>&1
   echo "serve fp16 rc=$?"; tail -12 "$out/$day-serve-h200-fp16-run3.log"
-  timeout 150 python -u bench/stream_bench.py --graphs true --workers 4 --json "$out/$day-stream-h200-run4.json" \
+  timeout 100 python -u bench/stream_bench.py --graphs true --workers 4 --n 512 --json "$out/$day-stream-h200-run4.json" \
     > "$out/$day-stream-h200-run4.log" 2>&1; echo "stream rc=$?"; tail -9 "$out/$day-stream-h200-run4.log"
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
+    --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200.json" > "$out/$day-serving-b1-h200.log" 2>&1
+  echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200.log"
 fi
