@@ -199,6 +199,23 @@ def test_the_skew_the_validation_refuses_would_move_the_boxes(monkeypatch):
     assert a["xyxy"].numel() and not torch.equal(a["xyxy"], b["xyxy"])
 
 
+def test_a_float16_copy_is_judged_like_an_fp16_artifact():
+    """fp16 adds the eager copy's own fp16 drift to the bar (no CUDA needed to check the judging:
+    the CPU runs float16 convolutions): its own output passes, boxes 1% off do not."""
+    import copy as copy_mod
+
+    model = seeded_model("t")
+    module = copy_mod.deepcopy(model.inference_copy().module).half()
+    x = _batch(model).half()
+    with torch.inference_mode():
+        own = model.family.named_outputs(module(x))
+    wrong = {"predictions": own["predictions"].clone()}
+    wrong["predictions"][:, :4] *= 1.01
+    assert compiled_mod.check_against_eager(module, model.family, x, [own])["passed"]
+    verdict = compiled_mod.check_against_eager(module, model.family, x, [wrong])
+    assert not verdict["passed"] and "predictions/box" in verdict["line"]
+
+
 def test_a_failing_compilation_falls_back_and_names_the_missing_compiler(monkeypatch, caplog):
     from torch._inductor.exc import InvalidCxxCompiler
 
@@ -252,3 +269,13 @@ def test_gpu_fp16_reduce_overhead_is_validated_and_replays_give_the_eager_detect
     assert _same_results(got[0], model.predict(SAMPLE_IMAGE, conf=CONF, workers=0))  # replay: not overwritten
     streamed = model.predict(images, conf=CONF, batch=1)  # the streaming pipeline (workers=4 on CUDA)
     assert all(_same_results(a, b) for a, b in zip(streamed, got, strict=True))
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_true_on_a_compiled_model_replays_graphs_of_the_eager_copy():
+    model = seeded_model("t").to("cuda").compile(True)
+    plain = seeded_model("t").to("cuda")
+    got = model.predict(SAMPLE_IMAGE, conf=CONF, cuda_graph=True, workers=0)
+    want = plain.predict(SAMPLE_IMAGE, conf=CONF, cuda_graph=True, workers=0)
+    assert len(want.boxes) > 0 and _same_results(got, want)
+    assert model.compile_info()["copies"] == []  # nothing was compiled: the graphs captured the eager copy
