@@ -119,14 +119,17 @@ def main(argv: list[str] | None = None) -> int:
            "cpus": __import__("os").cpu_count(), "command": " ".join(["python3", *sys.argv]),
            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
-    rows = []
+    rows: list[dict] = []
+    precision = "fp16" if cuda else "fp32"
+    result = {**env, "precision": precision, "imgsz": args.imgsz, "rows": rows}
     for b in (int(x) for x in args.batches.split(",")):
         for name in rows_wanted:
             row = run_row(name, b, args, cuda)
             rows.append(row)
             print("row " + json.dumps(row), flush=True)
-    precision = "fp16" if cuda else "fp32"
-    result = {**env, "precision": precision, "imgsz": args.imgsz, "rows": rows}
+            if args.json:  # rewritten after every row: a run cut short keeps what it measured
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nYOLOv9-t {precision} imgsz {args.imgsz}, predict(one 480x640 uint8 frame per image), workers=0 "
           f"({env['device']}, torch {env['torch']})")
     print(f"{'batch':>5} | {'row':<24} | {'first call s':>12} | {'median ms':>9} | {'p90 ms':>8} | {'x eager':>7} | "
@@ -138,9 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         speedup = f"{base / r['median_ms']:.2f}" if base else "-"
         print(f"{r['batch']:>5} | {r['row']:<24} | {r['first_call_s']:>12} | {r['median_ms']:>9} | "
               f"{r['p90_ms']:>8} | {speedup:>7} | {state}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
