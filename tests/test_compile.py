@@ -279,3 +279,27 @@ def test_gpu_cuda_graph_true_on_a_compiled_model_replays_graphs_of_the_eager_cop
     want = plain.predict(SAMPLE_IMAGE, conf=CONF, cuda_graph=True, workers=0)
     assert len(want.boxes) > 0 and _same_results(got, want)
     assert model.compile_info()["copies"] == []  # nothing was compiled: the graphs captured the eager copy
+
+
+def test_threads_share_one_compilation_and_one_validation(monkeypatch):
+    import threading
+
+    made, checks = [], []
+    real_check = compiled_mod.check_against_eager
+    monkeypatch.setattr(compiled_mod, "torch_compile", lambda module, mode: made.append(mode) or module)
+    monkeypatch.setattr(compiled_mod, "check_against_eager", lambda *a: checks.append(1) or real_check(*a))
+    model = seeded_model("t").compile(True)
+    want = seeded_model("t").predict(SAMPLE_IMAGE, imgsz=IMGSZ, conf=CONF)
+    results = [None] * 4
+
+    def work(i):
+        results[i] = model.predict(SAMPLE_IMAGE, imgsz=IMGSZ, conf=CONF)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert made == ["default"] and len(checks) == 1
+    assert all(_same_results(r, want) for r in results)
+    assert model.compile_info()["copies"][0]["calls"]["compiled"] == 4

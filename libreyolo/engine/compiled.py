@@ -37,6 +37,8 @@ from libreyolo.utils.log import LOGGER
 
 ATTACHMENT = "compiled"  # the name a copy's CompiledForward is attached under (docs/inference.md)
 RECORD_CALLS = 3  # Inductor's CUDA graph trees warm up, record, then replay: validate all three
+_WARN_LOCK = threading.Lock()  # one fallback warning per compiled program, whichever thread finds it
+_COUNT_LOCK = threading.Lock()
 CUDA_GRAPH_RULE = ("compile applies to predict(cuda_graph=False); predict(cuda_graph=True) replays our own CUDA "
                    "graphs, captured from the eager inference copy as without compile")
 
@@ -120,10 +122,14 @@ class CompiledForward:
                 with self._lock:
                     out = self._first(batch, sig)
             if out is not None:
-                self.calls["compiled"] += 1
+                self._count("compiled")
                 return out
-        self.calls["eager"] += 1
+        self._count("eager")
         return self.family.named_outputs(self.module(batch))
+
+    def _count(self, kind: str) -> None:
+        with _COUNT_LOCK:  # calls from several threads: exact counts
+            self.calls[kind] += 1
 
     def _call(self, fn: Callable[[torch.Tensor], Any], batch: torch.Tensor) -> dict[str, torch.Tensor]:
         out = self.family.named_outputs(fn(batch))
@@ -148,18 +154,24 @@ class CompiledForward:
         if sig in self._shapes:  # validated by another thread meanwhile
             return self._run(batch)
         try:
-            if self._fn is None:
-                self._fn = torch_compile(self.module, self.mode)
+            fn = self._fn
+            if fn is None:
+                fn = self._fn = torch_compile(self.module, self.mode)
             t0 = time.perf_counter()
-            runs = [self._call(self._fn, batch)]
+            runs = [self._call(fn, batch)]
             if batch.device.type == "cuda":
                 torch.cuda.synchronize(batch.device)
             seconds = time.perf_counter() - t0
-            runs += [self._call(self._fn, batch) for _ in range(RECORD_CALLS - 1 if self.cudagraphs else 0)]
+            runs += [self._call(fn, batch) for _ in range(RECORD_CALLS - 1 if self.cudagraphs else 0)]
         except Exception as exc:
             self._give_up(f"torch.compile failed ({_why(exc, self.device)})")
             return None
-        verdict = check_against_eager(self.module, self.family, batch, runs)
+        try:
+            verdict = check_against_eager(self.module, self.family, batch, runs)
+        except Exception as exc:  # e.g. an op without float64 support, or no memory for the reference
+            self._give_up(f"its outputs could not be checked against the eager copy ({type(exc).__name__}: "
+                          f"{str(exc).strip()[:200]})")
+            return None
         if not verdict["passed"]:
             self._give_up(f"its outputs for input {tuple(batch.shape)} differ from the eager copy's beyond the "
                           f"validation bar ({verdict['line']})")
@@ -189,9 +201,6 @@ class CompiledForward:
                 "compiled": self.fallback is None and bool(shapes), "fallback": self.fallback,
                 "shapes": shapes, "compile_seconds": round(sum(s["compile_seconds"] for s in shapes), 3),
                 "calls": dict(self.calls)}
-
-
-_WARN_LOCK = threading.Lock()
 
 
 # --- the check ------------------------------------------------------------------------------
