@@ -90,6 +90,7 @@ def run_row(name: str, batch: int, args: argparse.Namespace, cuda: bool) -> dict
         entry = info["copies"][0] if info["copies"] else {}
         row.update({"mode": entry.get("mode"), "compiled": entry.get("compiled"), "fallback": entry.get("fallback"),
                     "compile_s": entry.get("compile_seconds"),
+                    "validate_s": round(sum(x["validate_seconds"] for x in entry.get("shapes", [])), 3),
                     "inductor_cuda_graphs": entry.get("inductor_cuda_graphs"), "calls": entry.get("calls")})
     return row
 

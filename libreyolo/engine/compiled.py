@@ -166,6 +166,7 @@ class CompiledForward:
         except Exception as exc:
             self._give_up(f"torch.compile failed ({_why(exc, self.device)})")
             return None
+        t1 = time.perf_counter()
         try:
             verdict = check_against_eager(self.module, self.family, batch, runs)
         except Exception as exc:  # e.g. an op without float64 support, or no memory for the reference
@@ -177,6 +178,7 @@ class CompiledForward:
                           f"validation bar ({verdict['line']})")
             return None
         self._shapes[sig] = {"shape": list(batch.shape), "compile_seconds": round(seconds, 3),
+                             "validate_seconds": round(time.perf_counter() - t1, 3),
                              "worst_ratio": verdict["ratio"], "checked_runs": len(runs)}
         return runs[-1]
 
