@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The recorded H200 session: GPU tests, graph parity matrix, serving/attention/DETR benchmarks.
 # Usage (on the GPU machine, repo root, .peer = unpacked reference wheel):
-#   bash bench/run_h200.sh tests|bench|serving|serving-aoti|segformer OUTDIR
+#   bash bench/run_h200.sh tests|bench|serving|serving-aoti|segformer|issue24|compile-tests|compile-bench OUTDIR
 # serving-aoti: the AOTInductor rows of the dense and spread workloads (4 packages; no reference,
 # whose rows are in the full serving run), which do not fit in one 10-minute call with the rest.
 # segformer: the graph parity matrix of every SegFormer size (b0-b5, fp32 and fp16, at the
@@ -10,6 +10,10 @@
 # issue24: graph parity of every RTMDet and SwinIR size, their GPU tests (parity rows, graphed
 # predict, fused-attention rule, training graphs), then bench/rtmdet_swinir_bench.py with the
 # reference in a child process: at most 150 + 200 + 240 s.
+# compile-tests: the compile=True GPU tests (fp16 reduce-overhead, cuda_graph=True on a compiled model) with
+# the inference-copy and graph GPU tests next to them: at most 420 s (Inductor compiles from an empty cache).
+# compile-bench: bench/compile_bench.py, YOLOv9-t b1 and b8 fp16: eager, cuda_graph=True, compile=default,
+# compile=reduce-overhead (four compilations): at most 560 s.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -139,4 +143,13 @@ if [ "$phase" = throughput3 ]; then
   timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
     --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200.json" > "$out/$day-serving-b1-h200.log" 2>&1
   echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200.log"
+fi
+if [ "$phase" = compile-tests ]; then
+  timeout 420 python -m pytest -q -m gpu tests/test_compile.py tests/test_inference_copies.py tests/test_graphs_gpu.py \
+    -p no:cacheprovider > "$out/$day-compile-gpu-tests.log" 2>&1
+  echo "compile gpu tests rc=$?"; tail -30 "$out/$day-compile-gpu-tests.log"
+fi
+if [ "$phase" = compile-bench ]; then
+  timeout 560 python -u bench/compile_bench.py --json "$out/$day-compile-h200.json" > "$out/$day-compile-h200.log" 2>&1
+  echo "compile bench rc=$?"; tail -20 "$out/$day-compile-h200.log"
 fi

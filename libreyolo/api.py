@@ -83,6 +83,7 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
     names: dict[int, str] | list[str] | None = None,
     device: str | torch.device | None = None,
     verify: bool = True,
+    compile: bool | str = False,  # noqa: A002 - the name torch users know
     **runtime_kwargs: Any,
 ):
     """Load a model.
@@ -101,12 +102,22 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
     ``verify`` (default True): refuse checkpoints whose weights hold NaN/Inf, and artifacts whose
     bytes or metadata no longer match the hashes recorded at export. ``verify=False`` loads them
     anyway (for inspection of a file you trust); metadata is still checked for consistency.
+    ``compile`` (eager models; default False): run predict() through torch.compile of the inference
+    copy, validated against the eager copy before first use (:meth:`Model.compile`): ``True``
+    ("reduce-overhead" on CUDA, "default" on the CPU) or a torch.compile mode.
     """
     from libreyolo.engine.model import Model
+    from libreyolo.engine.options import COMPILE_OPTION
 
     if not isinstance(model, (str, Path)):
         raise ArgumentError(f"model must be a path or a name such as 'LibreYOLO9t.pt', got {type(model).__name__}")
     verify = parse_bool("verify", verify)
+    compile_mode = COMPILE_OPTION.check("compile", compile)  # checked before anything is loaded
+    if compile_mode is not False:
+        _refuse_artifact(model, compile_mode)  # before loading anything
+        loaded = LibreYOLO(model, nc=nc, names=names, device=device, verify=verify, **runtime_kwargs)
+        _refuse_artifact(loaded, compile_mode)
+        return loaded.compile(compile_mode)
     from libreyolo.runtimes import triton
 
     if triton.is_url(model):  # only a Triton model (host:port/name); other URLs are refused, never fetched
@@ -118,6 +129,8 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
     _check_link(path)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
+        if runtime_kwargs:
+            raise TypeError(f"unexpected arguments for an architecture: {sorted(runtime_kwargs)}")
         return _from_yaml(path, nc, names, dev)
     if triton.is_model_folder(path):  # <repository>/<name> of export(format="triton"): the model.onnx it serves
         return triton.load(path, device=dev, verify=verify, **runtime_kwargs)
@@ -145,3 +158,18 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
         )
     ckpt = read_checkpoint(path, verify=verify)
     return Model.from_checkpoint(ckpt, device=dev)
+
+
+def _refuse_artifact(model: Any, compile_mode: bool | str) -> None:
+    """compile= applies to eager models only (a name or path here, or what was loaded)."""
+    from libreyolo.engine.model import Model
+    from libreyolo.runtimes import triton
+
+    if isinstance(model, (str, Path)):
+        what = model if (triton.is_url(model) or Path(model).suffix.lower() in ARTIFACT_SUFFIXES) else None
+    else:
+        what = None if isinstance(model, Model) else type(model).__name__
+    if what is not None:
+        raise ArgumentError(f"compile={compile_mode!r} applies to eager models (a .pt checkpoint or a .yaml "
+                            f"architecture), not to {str(what)[:80]!r}: an exported artifact is already compiled by "
+                            "its runtime; drop compile=")

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from libreyolo.engine.options import BENCH_OPTIONS, PREDICT_OPTIONS
+from libreyolo.engine.options import BENCH_OPTIONS, COMPILE_OPTION, PREDICT_OPTIONS
 from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
 from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
@@ -38,6 +38,7 @@ PREDICT_OPTS: dict[str, Opt] = {
     **{k: PREDICT_OPTIONS[k] for k in ("imgsz", "device")},
     "half": Opt(as_bool, False, "fp16 inference (CUDA)", True),
     **{k: PREDICT_OPTIONS[k] for k in ("batch", "cuda_graph", "workers")},
+    "compile": COMPILE_OPTION,
     "save": Opt(as_bool, True, "save annotated images", True),
     "save_dir": Opt(str, "runs/predict", "where annotated images and JSON go"),
     "json": Opt(as_bool, False, "also write predictions (detections, top-5 classes, class areas) as JSON next to "
@@ -72,10 +73,10 @@ def parse_args(tokens: Sequence[str], opts: dict[str, Opt], command: str) -> Arg
             else:
                 key, value = body, None
                 nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-                takes_value = opts.get(key.replace("-", "_"), Opt(str, None, "")).flag_value is None
+                # the next token, unless it is an argument itself, is this one's value (a flag's too:
+                # --half false, --compile max-autotune; positional arguments do not exist)
                 if nxt is not None and not nxt.startswith("--") and "=" not in nxt:
-                    if takes_value or nxt.lower() in ("true", "false", "auto", "0", "1", "yes", "no"):
-                        value, i = nxt, i + 1
+                    value, i = nxt, i + 1
         elif "=" in tok:
             key, value = tok.split("=", 1)
         else:
@@ -128,7 +129,7 @@ def cmd_predict(args: dict[str, Any]) -> int:
             save_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create save_dir {save_dir}: {exc.strerror or exc}") from None
-    model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"])
+    model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"], compile=args["compile"])
     source = args["source"] or SAMPLE_IMAGE
     task_opts = {k: args[k] for k in all_task_options() if k in args.given}
     results = model.predict(source, imgsz=args["imgsz"], half=args["half"], device=args["device"],

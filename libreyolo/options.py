@@ -201,6 +201,23 @@ def as_graph_mode(name: str, value: Any) -> bool | str:
         raise ArgumentError(f"{name} must be False, True or 'auto', got {_show(value)}") from None
 
 
+# the torch.compile modes LibreYOLO(..., compile=<mode>) takes (libreyolo.engine.compiled)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@_converter("false, true or a torch.compile mode: " + ", ".join(COMPILE_MODES))
+def as_compile_mode(name: str, value: Any) -> bool | str:
+    """``False`` (off), ``True`` (the device's mode: reduce-overhead on CUDA, default elsewhere) or
+    one of :data:`COMPILE_MODES`, exactly as torch.compile spells it."""
+    if isinstance(value, str) and value in COMPILE_MODES:
+        return value
+    try:
+        return parse_bool(name, value)
+    except ArgumentError:
+        raise ArgumentError(f"{name} must be False, True or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
+                            f"got {_show(value)}; compile=False runs the eager inference copy") from None
+
+
 @_converter("class ids such as 0,2,5")
 def as_ids(name: str, value: Any) -> list[int]:
     """Non-negative class ids from ``"0,2"``, an int or a list (checked against the model later)."""

@@ -210,9 +210,11 @@ def test_train_and_val_refuse_hostile_options_cleanly_past_parsing_long(tiny, tm
 
 
 def _cli_predict(examples: int, tiny: Path, picture: Path, out: Path):
-    # imgsz stays small (a large valid one is just slow); everything else is fuzzed
+    # imgsz stays small (a large valid one is just slow) and compile off (a valid compile=true is a real
+    # Inductor compilation, minutes on a small CPU: its values are fuzzed by the parsing test above and
+    # its behaviour tested in test_compile.py); everything else is fuzzed
     @_fuzz_settings(examples, 30)
-    @given(tokens=cli_tokens(COMMANDS["predict"][1], skip=("imgsz", "model", "source", "save_dir")))
+    @given(tokens=cli_tokens(COMMANDS["predict"][1], skip=("imgsz", "model", "source", "save_dir", "compile")))
     def check(tokens):
         argv = ["predict", f"model={tiny}", f"source={picture}", f"imgsz={IMG}", f"save_dir={out}", *tokens]
         code, err = _run_cli(argv)

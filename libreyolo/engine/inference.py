@@ -180,6 +180,17 @@ class InferenceCopy:
     def attachment(self, name: str) -> Any | None:
         return self._attached.get(name)
 
+    def detach(self, name: str) -> None:
+        """Remove and release the attachment ``name`` (e.g. a compiled program when compile is switched)."""
+        with self._lock:
+            found = self._attached.get(name)
+            if found is None:
+                return
+            self._attached = {k: v for k, v in self._attached.items() if k != name}
+        release = getattr(found, "release", None)
+        if callable(release):
+            release()
+
     def retire(self) -> None:
         with self._lock:
             self.retired = True

@@ -20,6 +20,7 @@ from libreyolo.models.base import Family
 
 _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
 _GRAPHS = "graphs"  # the name a copy's GraphRunner is attached under (docs/inference.md)
+_COMPILED = "compiled"  # ... and its torch.compile program (libreyolo.engine.compiled)
 
 
 class Model(Quantizable, PipelineGraphs, Predictor):
@@ -47,6 +48,8 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         self._inference_opts: dict[str, Any] = {"fold_bn": "auto", "channels_last": "auto"}
         self._graph_totals: dict[str, Any] = {"captures": 0, "evictions": 0, "invalidations": 0,
                                               "last_invalidation": None}
+        self._compile: bool | str = False  # LibreYOLO(..., compile=...) / compile(): off, True or a mode
+        self._compile_totals: dict[str, Any] = {"retired": 0, "last_retired": None}
         if device is not None:
             self.to(device)
 
@@ -184,9 +187,12 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         return torch.float16 if self._half else torch.float32
 
     def _note_retired(self, reason: str, retired: list[InferenceCopy]) -> None:
-        """Copies were dropped: their graphs go with them; keep the graph counters cumulative."""
+        """Copies were dropped: their graphs and compiled programs go with them; keep the counters cumulative."""
         had_graphs = False
         for c in retired:
+            if c.attachment(_COMPILED) is not None:
+                self._compile_totals["retired"] += 1
+                self._compile_totals["last_retired"] = reason
             runner = c.attachment(_GRAPHS)
             if runner is None:
                 continue
@@ -198,13 +204,66 @@ class Model(Quantizable, PipelineGraphs, Predictor):
             self._graph_totals["invalidations"] += 1
             self._graph_totals["last_invalidation"] = reason
 
+    # --- torch.compile of the inference copies (libreyolo.engine.compiled, docs/inference.md) ---
+    def compile(self, mode: bool | str = True) -> Model:  # noqa: A003 - the name torch users know
+        """Run ``predict(cuda_graph=False)`` through torch.compile of the inference copy (or stop).
+
+        ``mode``: ``True`` is torch.compile's "reduce-overhead" on CUDA (Inductor's own CUDA graphs)
+        and "default" on the CPU; a string picks the mode ("default", "reduce-overhead",
+        "max-autotune", "max-autotune-no-cudagraphs"); ``False`` runs the eager copy again. Compiled
+        lazily, per inference copy and input shape (fixed shapes), and compared with the eager copy
+        on the first batch of each shape with the export validator's tolerances; where compiling
+        fails or the comparison does, one warning, and that copy runs eagerly. :meth:`compile_info`
+        shows the state. ``predict(cuda_graph=True)`` still captures the eager copy.
+        """
+        from libreyolo.engine.options import COMPILE_OPTION
+
+        mode = COMPILE_OPTION.check("compile", mode)
+        if mode != self._compile:
+            self._compile = mode
+            for c in self._copies().live():
+                c.detach(_COMPILED)
+        return self
+
+    def _compiled(self, copy: InferenceCopy):
+        """The copy's :class:`~libreyolo.engine.compiled.CompiledForward`, or None when compile is off."""
+        if self._compile is False:
+            return None
+        from libreyolo.engine.compiled import CompiledForward, resolve_mode
+
+        mode = resolve_mode(self._compile, copy.key.device)
+        family, device = self.family, copy.key.device
+        found = copy.attached(_COMPILED, lambda module: CompiledForward(module, family, device, mode))
+        if found.mode != mode:  # switched by compile() in another thread meanwhile
+            copy.detach(_COMPILED)
+            found = copy.attached(_COMPILED, lambda module: CompiledForward(module, family, device, mode))
+        return found
+
+    def compile_info(self) -> dict[str, Any]:
+        """What :meth:`compile` does now: the requested mode, the rule for ``cuda_graph=True``, and per
+        live inference copy its mode, whether it serves compiled, the shapes validated (with compile
+        seconds and the worst ratio to the allowance), the fallback reason if any, and call counts."""
+        from libreyolo.engine.compiled import CUDA_GRAPH_RULE
+
+        copies = []
+        for c in self._copies().live():
+            found = c.attachment(_COMPILED)
+            if found is not None:
+                copies.append({**c.key.describe(), **found.info()})
+        return {"mode": self._compile, "cuda_graph": CUDA_GRAPH_RULE, "copies": copies,
+                "retired": self._compile_totals["retired"], "last_retired": self._compile_totals["last_retired"]}
+
     # --- forward and CUDA graphs (docs/graphs.md) ------------------------------------------
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
-        """The family's named outputs for ``batch``, from the inference copy for its device and dtype."""
+        """The family's named outputs for ``batch``, from the inference copy for its device and dtype
+        (through its compiled program when :meth:`compile` is on)."""
         if not cuda_graph:
-            module = self._copies().get(batch.device, batch.dtype).module
+            copy = self._copies().get(batch.device, batch.dtype)
+            compiled = self._compiled(copy)
             with torch.inference_mode():
-                return self.family.named_outputs(module(batch))
+                if compiled is not None:
+                    return compiled(batch)
+                return self.family.named_outputs(copy.module(batch))
         self._require_graph_support()
         return self._graph_forward(batch, cuda_graph)
 

@@ -10,6 +10,7 @@ from libreyolo.options import (
     MAX_WORKERS,
     Opt,
     as_bool,
+    as_compile_mode,
     as_device,
     as_graph_mode,
     batch_opt,
@@ -31,6 +32,11 @@ COMMON_PREDICT_OPTIONS: dict[str, Opt] = {
     "workers": Opt(int, None, "threads decoding the next batch while one runs (default: 4 on CUDA, 0 on the CPU; "
                    "same results for every value)", min=0, max=MAX_WORKERS),
 }
+
+# LibreYOLO(..., compile=...), model.compile(...) and `libreyolo predict compile=...` (libreyolo.engine.compiled)
+COMPILE_OPTION = Opt(as_compile_mode, False, "torch.compile the inference copy, validated against eager before "
+                     "first use: true (reduce-overhead on CUDA, default on the CPU), false, or a mode (default, "
+                     "reduce-overhead, max-autotune, max-autotune-no-cudagraphs)", True)
 
 # with the tasks' own options (libreyolo.tasks: detect conf, iou, max_det, max_nms, classes; semantic
 # classes), each declared once by its task

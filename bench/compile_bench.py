@@ -1,0 +1,149 @@
+"""Latency of predict() with compile=True against eager and cuda_graph=True, end to end.
+
+    PYTHONPATH=. python3 bench/compile_bench.py --json bench/results/<date>-compile-h200.json
+    PYTHONPATH=. python3 bench/compile_bench.py --quick          # a smoke run on the CPU, in seconds
+
+YOLOv9-t (untrained, 80 classes, with the class-bias prior of an untrained detector so that few
+boxes pass ``conf``, as in bench/stream_bench.py), fp16 on CUDA (fp32 on the CPU), one host uint8
+480x640 BGR frame per image (``predict(frame)`` at batch 1, ``predict([frame] * b, batch=b)``
+above), ``workers=0`` (the plain path: one call is one batch). Rows, each on a fresh model:
+
+- ``eager``: the eager inference copy (``cuda_graph=False``);
+- ``graph``: ``cuda_graph=True`` (our CUDA graphs of the eager copy, whole pipeline where the family allows);
+- ``compile:<mode>``: ``compile=<mode>`` with ``cuda_graph=False`` (torch.compile of the copy, validated
+  against eager on the first call).
+
+Reported per row: the first call's seconds (compilation, validation or capture included), then the
+median and 90th percentile of ``--n`` timed calls after ``--warmup`` calls, in ms per call, and for
+compile rows whether the compiled program serves (or the fallback reason) and its compile seconds
+(``compile_info()``). Prints a table and writes JSON (device, torch, command).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def frame(h: int = 480, w: int = 640) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = (xx + yy // 2) % 256
+    return np.stack([base, (base + 85) % 256, (base + 170) % 256], -1).astype(np.uint8)
+
+
+def sparse_model(device: str, imgsz: int):
+    """YOLOv9-t with the detection prior of an untrained detector (scores ~1e-3: little NMS work)."""
+    from libreyolo import LibreYOLO
+
+    model = LibreYOLO("LibreYOLO9t.yaml", device=device)
+    with torch.no_grad():
+        for seq, stride in zip(model.net.head.cv3, (8, 16, 32), strict=True):
+            seq[-1].bias.fill_(math.log(5 / model.nc / (imgsz / stride) ** 2))
+    return model
+
+
+def timed(call, cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    call()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def run_row(name: str, batch: int, args: argparse.Namespace, cuda: bool) -> dict:
+    model = sparse_model(args.device, args.imgsz)
+    if cuda:
+        model.half()
+    kw = {"imgsz": args.imgsz, "workers": 0, "cuda_graph": name == "graph"}
+    if name.startswith("compile:"):
+        model.compile(name.split(":", 1)[1])
+    img = frame()
+    source = img if batch == 1 else [img] * batch
+    if batch > 1:
+        kw["batch"] = batch
+
+    def call():
+        model.predict(source, **kw)
+
+    first = timed(call, cuda)
+    for _ in range(args.warmup):
+        call()
+    times = sorted(timed(call, cuda) * 1e3 for _ in range(args.n))
+    row = {"row": name, "batch": batch, "first_call_s": round(first, 3),
+           "median_ms": round(statistics.median(times), 3),
+           "p90_ms": round(times[min(len(times) - 1, int(0.9 * len(times)))], 3), "n": args.n}
+    if name.startswith("compile:"):
+        info = model.compile_info()
+        entry = info["copies"][0] if info["copies"] else {}
+        row.update({"mode": entry.get("mode"), "compiled": entry.get("compiled"), "fallback": entry.get("fallback"),
+                    "compile_s": entry.get("compile_seconds"),
+                    "validate_s": round(sum(x["validate_seconds"] for x in entry.get("shapes", [])), 3),
+                    "inductor_cuda_graphs": entry.get("inductor_cuda_graphs"), "calls": entry.get("calls")})
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, help="write results here")
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: fp32, imgsz 64, batch 1, few calls")
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    ap.add_argument("--rows", default="eager,graph,compile:default,compile:reduce-overhead",
+                    help="comma-separated rows: eager, graph, compile:<mode>")
+    ap.add_argument("--n", type=int, default=200, help="timed calls per row")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed calls per row after the first")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.device, args.imgsz, args.batches, args.n, args.warmup = "cpu", 64, "1", 5, 2
+        args.rows = "eager,compile:default"
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = args.device.startswith("cuda")
+    rows_wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
+    if not cuda:
+        rows_wanted = [r for r in rows_wanted if r != "graph"]  # CUDA graphs need CUDA
+    env = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+           "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+           "cpus": __import__("os").cpu_count(), "command": " ".join(["python3", *sys.argv]),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+           "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
+    rows: list[dict] = []
+    precision = "fp16" if cuda else "fp32"
+    result = {**env, "precision": precision, "imgsz": args.imgsz, "rows": rows}
+    for b in (int(x) for x in args.batches.split(",")):
+        for name in rows_wanted:
+            row = run_row(name, b, args, cuda)
+            rows.append(row)
+            print("row " + json.dumps(row), flush=True)
+            if args.json:  # rewritten after every row: a run cut short keeps what it measured
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nYOLOv9-t {precision} imgsz {args.imgsz}, predict(one 480x640 uint8 frame per image), workers=0 "
+          f"({env['device']}, torch {env['torch']})")
+    print(f"{'batch':>5} | {'row':<24} | {'first call s':>12} | {'median ms':>9} | {'p90 ms':>8} | {'x eager':>7} | "
+          "compiled")
+    eager = {r["batch"]: r["median_ms"] for r in rows if r["row"] == "eager"}
+    for r in rows:
+        base = eager.get(r["batch"])
+        state = "" if "compiled" not in r else ("yes" if r["compiled"] else f"no: {r['fallback']}")
+        speedup = f"{base / r['median_ms']:.2f}" if base else "-"
+        print(f"{r['batch']:>5} | {r['row']:<24} | {r['first_call_s']:>12} | {r['median_ms']:>9} | "
+              f"{r['p90_ms']:>8} | {speedup:>7} | {state}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""``compile=True``: torch.compile of an inference copy, validated against that copy before it serves.
+
+``LibreYOLO(..., compile=True)`` (or ``model.compile()``) makes ``predict(cuda_graph=False)`` run
+the inference copy (:mod:`libreyolo.engine.inference`) through ``torch.compile`` instead of
+calling it eagerly. Like an exported artifact, the compiled program is another program for the
+same network, so it is not trusted before it was compared with the eager copy:
+
+- built lazily, per inference copy (device, dtype, folding, memory format), and attached to it
+  (:meth:`~libreyolo.engine.inference.InferenceCopy.attached`), so it is dropped with the copy
+  when the master's weights change;
+- compiled with fixed shapes (``dynamic=False``): each new input shape (batch size, imgsz) is a
+  new compilation by torch.compile's own guards, and the first batch of each shape is run
+  through the eager copy and the compiled program and compared with the export validator's
+  tolerance model (:func:`check_against_eager`: per output group, each element within
+  ``FLOAT32_MULTIPLE`` times the eager copy's own float32 error against a float64 copy, plus the
+  fp16 term for a float16 copy; :mod:`libreyolo.utils.tolerance`);
+- where compiling raises or the comparison fails, one warning says why, the reason is kept in
+  ``compile_info()``, and that copy is served eagerly from then on.
+
+Modes that record CUDA graphs inside Inductor (``reduce-overhead``, ``max-autotune`` on CUDA)
+overwrite their outputs at the next replay, so outputs are copied out and calls on one copy are
+serialized; the first batch of a shape is run :data:`RECORD_CALLS` times (warm-up, recording,
+replay) and every run is checked, so the replayed graph is what was validated.
+"""
+from __future__ import annotations
+
+import copy as _copy
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.utils.log import LOGGER
+
+ATTACHMENT = "compiled"  # the name a copy's CompiledForward is attached under (docs/inference.md)
+RECORD_CALLS = 3  # Inductor's CUDA graph trees warm up, record, then replay: validate all three
+_WARN_LOCK = threading.Lock()  # one fallback warning per compiled program, whichever thread finds it
+_COUNT_LOCK = threading.Lock()
+CUDA_GRAPH_RULE = ("compile applies to predict(cuda_graph=False); predict(cuda_graph=True) replays our own CUDA "
+                   "graphs, captured from the eager inference copy as without compile")
+
+
+def resolve_mode(requested: bool | str, device: torch.device) -> str | None:
+    """The torch.compile mode for a copy on ``device``: None when off; ``True`` is reduce-overhead on
+    CUDA (Inductor's own CUDA graphs, what makes batch 1 fast) and default elsewhere."""
+    if requested is False:
+        return None
+    if requested is True:
+        return "reduce-overhead" if device.type == "cuda" else "default"
+    return requested
+
+
+def uses_cudagraphs(mode: str, device: torch.device) -> bool:
+    """Whether Inductor records CUDA graphs in ``mode`` on ``device``."""
+    if device.type != "cuda":
+        return False
+    from torch._inductor import list_mode_options
+
+    return bool(list_mode_options(mode).get("triton.cudagraphs", False))
+
+
+def torch_compile(module: nn.Module, mode: str) -> Callable[[torch.Tensor], Any]:
+    """``module`` through torch.compile with fixed shapes (it compiles at the first call of each shape)."""
+    return torch.compile(module, mode=mode, dynamic=False)
+
+
+def _signature(batch: torch.Tensor) -> tuple:
+    return tuple(batch.shape), tuple(batch.stride()), batch.dtype, batch.device
+
+
+def _why(exc: BaseException, device: torch.device) -> str:
+    """One line saying why compiling failed, with what to do when a toolchain is missing."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    line = f"{type(exc).__name__}: {first}"[:300]
+    if device.type == "cpu" and ("InvalidCxxCompiler" in text or "C++ compiler" in text):
+        return line + ("; Inductor on the CPU needs a working C++ compiler (g++ or clang++, "
+                       "torch._inductor.config.cpp.cxx): install one, or use compile=False")
+    if device.type == "cuda" and "triton" in text.lower() and ("not found" in text.lower() or "No module" in text):
+        return line + "; Inductor on CUDA needs Triton (the triton package matching your torch), or use compile=False"
+    return line
+
+
+class CompiledForward:
+    """torch.compile of one inference copy's module, checked against the eager copy per input shape.
+
+    Called like the copy (a batch in, the family's named outputs out); serves the eager copy for a
+    shape until it passed, and for every shape once the copy fell back.
+    """
+
+    def __init__(self, module: nn.Module, family: Any, device: torch.device, mode: str) -> None:
+        self.module = module
+        self.family = family
+        self.device = device
+        self.mode = mode
+        self.cudagraphs = uses_cudagraphs(mode, device)
+        self.fallback: str | None = None
+        self.released = False
+        self.calls = {"compiled": 0, "eager": 0}
+        self._fn: Callable[[torch.Tensor], Any] | None = None
+        self._shapes: dict[tuple, dict[str, Any]] = {}  # input signature -> what its validation found
+        self._lock = threading.Lock()
+
+    # --- calling ---------------------------------------------------------------------------
+    def __call__(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.fallback is None:
+            sig = _signature(batch)
+            if sig in self._shapes:
+                if self.cudagraphs:  # one replay at a time: its outputs live in the graph's pool
+                    with self._lock:
+                        out = self._run(batch)
+                else:
+                    out = self._run(batch)
+            else:
+                with self._lock:
+                    out = self._first(batch, sig)
+            if out is not None:
+                self._count("compiled")
+                return out
+        self._count("eager")
+        return self.family.named_outputs(self.module(batch))
+
+    def _count(self, kind: str) -> None:
+        with _COUNT_LOCK:  # calls from several threads: exact counts
+            self.calls[kind] += 1
+
+    def _call(self, fn: Callable[[torch.Tensor], Any], batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = self.family.named_outputs(fn(batch))
+        if self.cudagraphs:  # the next replay overwrites them
+            out = {k: v.clone() for k, v in out.items()}
+        return out
+
+    def _run(self, batch: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        fn = self._fn
+        if fn is None:  # released, or fell back in another thread
+            return None
+        try:
+            return self._call(fn, batch)
+        except Exception as exc:  # e.g. a recompilation that fails: the eager copy still serves
+            self._give_up(f"torch.compile failed ({_why(exc, self.device)})")
+            return None
+
+    def _first(self, batch: torch.Tensor, sig: tuple) -> dict[str, torch.Tensor] | None:
+        """Compile for this shape, check against eager, and return the checked output (or None)."""
+        if self.fallback is not None or self.released:
+            return None
+        if sig in self._shapes:  # validated by another thread meanwhile
+            return self._run(batch)
+        try:
+            fn = self._fn
+            if fn is None:
+                fn = self._fn = torch_compile(self.module, self.mode)
+            t0 = time.perf_counter()
+            runs = [self._call(fn, batch)]
+            if batch.device.type == "cuda":
+                torch.cuda.synchronize(batch.device)
+            seconds = time.perf_counter() - t0
+            runs += [self._call(fn, batch) for _ in range(RECORD_CALLS - 1 if self.cudagraphs else 0)]
+        except Exception as exc:
+            self._give_up(f"torch.compile failed ({_why(exc, self.device)})")
+            return None
+        t1 = time.perf_counter()
+        try:
+            verdict = check_against_eager(self.module, self.family, batch, runs)
+        except Exception as exc:  # e.g. an op without float64 support, or no memory for the reference
+            self._give_up(f"its outputs could not be checked against the eager copy ({type(exc).__name__}: "
+                          f"{str(exc).strip()[:200]})")
+            return None
+        if not verdict["passed"]:
+            self._give_up(f"its outputs for input {tuple(batch.shape)} differ from the eager copy's beyond the "
+                          f"validation bar ({verdict['line']})")
+            return None
+        self._shapes[sig] = {"shape": list(batch.shape), "compile_seconds": round(seconds, 3),
+                             "validate_seconds": round(time.perf_counter() - t1, 3),
+                             "worst_ratio": verdict["ratio"], "checked_runs": len(runs)}
+        return runs[-1]
+
+    def _give_up(self, reason: str) -> None:
+        with _WARN_LOCK:
+            if self.fallback is not None:
+                return
+            self.fallback = reason
+            self._fn = None
+        LOGGER.warning("compile=%r on %s: %s; predict() runs the eager inference copy there from now on "
+                       "(compile_info() has the reason)", self.mode, self.device, reason)
+
+    # --- lifetime and state ----------------------------------------------------------------
+    def release(self) -> None:
+        """Drop the compiled program (the copy was retired or compile was switched off)."""
+        self.released = True
+        self._fn = None
+
+    def info(self) -> dict[str, Any]:
+        shapes = list(self._shapes.values())
+        return {"mode": self.mode, "inductor_cuda_graphs": self.cudagraphs,
+                "compiled": self.fallback is None and bool(shapes), "fallback": self.fallback,
+                "shapes": shapes, "compile_seconds": round(sum(s["compile_seconds"] for s in shapes), 3),
+                "calls": dict(self.calls)}
+
+
+# --- the check ------------------------------------------------------------------------------
+def _cpu(outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in outputs.items()}
+
+
+def _converted(module: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    return _copy.deepcopy(module).to(device=device, dtype=dtype).eval()
+
+
+def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
+                        candidates: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """Whether each of ``candidates`` (named outputs of another program of ``module`` for ``batch``)
+    passes the export validator's raw-output comparison against the eager ``module``.
+
+    The reference is ``module`` itself run in float64 (on the batch's CUDA device, else the CPU);
+    the allowance is the export one (:func:`libreyolo.utils.tolerance.allowance`): per output group
+    of the family's export contract, ``FLOAT32_MULTIPLE`` times the eager float32 error against it
+    plus ``FLOOR``, and for a float16 copy ``FP16_DRIFT_FACTOR`` times its own drift from its float32
+    run; row sets and exclusive groups are realigned as the validator does; cosine floors are the
+    contract's. Returns ``passed``, the worst ``ratio`` to the allowance and a one-line summary.
+    """
+    from libreyolo.export.validate import _cosine, _drifts, align_row_sets, compare_group
+    from libreyolo.utils.tolerance import FLOAT32_MULTIPLE, FP16_DRIFT_FACTOR, align_exclusive, allowance, groups_for
+
+    contract = family.export
+    named = family.named_outputs
+    ref_device = batch.device if batch.device.type == "cuda" else torch.device("cpu")
+    with torch.inference_mode():
+        eager = _cpu(named(module(batch)))
+        e64 = {k: v.double() for k, v in _cpu(named(_converted(module, torch.float64, ref_device)(
+            batch.to(ref_device, torch.float64)))).items()}
+        if batch.dtype == torch.float32:
+            run: dict[str, Any] = {"eager": eager, "e64": e64, "e16": None}
+        else:  # judged like an fp16 artifact: float32 drift, plus the fp16 drift from float32
+            eager32 = _cpu(named(_converted(module, torch.float32, batch.device)(batch.float())))
+            run = {"eager": eager32, "e64": e64, "e16": {k: v.float() for k, v in eager.items()}}
+    groups = groups_for(contract.groups, run["eager"])
+    d32, d16 = _drifts(groups, [run], contract.row_sets, {})
+    allowed = allowance(groups, e64, d32, d16, eager=run["eager_aligned"])
+    precision = "fp32" if batch.dtype == torch.float32 else "fp16"
+    min_cos = contract.cosine_floor("compile", precision, batch.device.type)
+    worst: dict[str, Any] = {"ratio": 0.0, "group": None}
+    for n, got in enumerate(candidates, 1):
+        got = _cpu(got)
+        compared, moved = align_row_sets(e64, got, contract.row_sets, allowed=allowed)
+        if moved > contract.max_moved_rows:
+            return {"passed": False, "ratio": float("inf"),
+                    "line": f"run {n}: {moved} query rows out of order (at most {contract.max_moved_rows} allowed)"}
+        for g in groups:
+            out = g.output
+            if out not in got:
+                return {"passed": False, "ratio": float("inf"), "line": f"run {n}: output {out!r} is missing"}
+            if g.exclusive:
+                fixed, ties, limit = align_exclusive(g, run["eager_aligned"][out], e64[out], compared[out],
+                                                     allowed[out])
+                if 0 < ties <= limit:
+                    compared = {**compared, out: fixed}
+            gap = FLOAT32_MULTIPLE * (1.0 - _cosine(g.view(run["eager_aligned"][out]), g.view(e64[out])))
+            if run["e16"] is not None:
+                gap += FP16_DRIFT_FACTOR * (1.0 - _cosine(g.view(run["e16"][out]), g.view(run["eager"][out])))
+            check = compare_group(g, run["eager_aligned"][out], e64[out], compared[out], allowed[out], min_cos, gap)
+            if not check["passed"]:
+                return {"passed": False, "ratio": check["ratio"], "line": f"run {n}: " + _describe(check)}
+            if check["ratio"] >= worst["ratio"]:
+                worst = {"ratio": check["ratio"], "group": check["group"]}
+    return {"passed": True, "ratio": worst["ratio"],
+            "line": f"worst {worst['ratio']:.3g}x the allowance ({worst['group']})"}
+
+
+def _describe(check: dict[str, Any]) -> str:
+    if "shape" in check:
+        return f"{check['group']}: {check['shape']}"
+    if check["ratio"] > 1.0:
+        return (f"{check['group']} at {check.get('index')}: {check['ratio']:.3g}x its allowance (compiled "
+                f"{check.get('artifact', float('nan')):.7g}, eager {check.get('eager', float('nan')):.7g}, float64 "
+                f"{check.get('float64', float('nan')):.7g})")
+    if check["cosine"] < check["min_cosine"]:
+        return f"{check['group']}: cosine {check['cosine']:.7f} below {check['min_cosine']:.7f}"
+    return f"{check['group']}: non-finite values where the eager copy's are finite"
