@@ -153,3 +153,14 @@ if [ "$phase" = compile-bench ]; then
   timeout 560 python -u bench/compile_bench.py --json "$out/$day-compile-h200.json" > "$out/$day-compile-h200.log" 2>&1
   echo "compile bench rc=$?"; tail -20 "$out/$day-compile-h200.log"
 fi
+if [ "$phase" = final26 ]; then
+  # the Batcher with per-batch-size exactness; compile=True at b1 (eager, graph, reduce-overhead); compile GPU tests
+  timeout 150 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 1,8,32 --requests 32 --out "$out/$day-serve-h200-fp16-run4.json" > "$out/$day-serve-h200-fp16-run4.log" 2>&1
+  echo "serve fp16 rc=$?"; grep -v "^ " "$out/$day-serve-h200-fp16-run4.log" | tail -9
+  timeout 230 python -u bench/compile_bench.py --batches 1 --rows eager,graph,compile:reduce-overhead --n 100 --warmup 10 \
+    --json "$out/$day-compile-h200.json" > "$out/$day-compile-h200.log" 2>&1
+  echo "compile bench rc=$?"; tail -8 "$out/$day-compile-h200.log"
+  timeout 190 python -m pytest -q -m gpu tests/test_compile.py -p no:cacheprovider > "$out/$day-compile-gpu-tests.log" 2>&1
+  echo "compile gpu tests rc=$?"; tail -6 "$out/$day-compile-gpu-tests.log"
+fi

@@ -17,7 +17,10 @@ every padded size for ``batcher``). Reported per mode and client count: throughp
 latency p50/p99 (ms, from submit to result), and for the batcher the mean batch and queue wait.
 ``exact``: the share of requests whose boxes equal (``torch.equal``) a direct single ``predict()``
 of the same image, and the largest box-coordinate difference where the counts agree (a batched
-forward may round differently from a single one: see README, "Serving"). Targets at 32 clients:
+forward may round differently from a single one: see README, "Serving"); ``own``/``set gap``: the
+same order-free; ``b-exact``: the share bit-identical to their own image's result in a batch of one
+of the padded sizes (a batch of copies of it): below 1.0 would mean a result that depends on its
+neighbours in the batch, or was handed to the wrong caller. Targets at 32 clients:
 batcher throughput >= 4x lock, batcher p99 < 25 ms.
 """
 from __future__ import annotations
@@ -118,6 +121,14 @@ def exactness(outputs: list, reference: list) -> dict[str, Any]:
     return {"exact": round(exact / n, 4), "own": round(own / n, 4), "max_set_gap": gap, "max_box_diff": worst}
 
 
+def batched_exactness(outputs: list, by_size: dict, sizes: tuple[int, ...]) -> float:
+    """Share of results bit-identical to their own image's result at one of the padded batch sizes."""
+    def equal(a, b) -> bool:
+        return all(torch.equal(getattr(a.boxes, k), getattr(b.boxes, k)) for k in ("xyxy", "conf", "cls"))
+
+    return round(sum(any(equal(r, by_size[(i, s)]) for s in sizes) for i, r in outputs) / len(outputs), 4)
+
+
 def pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 3)
 
@@ -153,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         kw["cuda_graph"] = True
     images = frames()
     reference = [model(f, **{k: v for k, v in kw.items() if k != "cuda_graph"}) for f in images]  # eager, single
+    # what each image gives in a batch of each padded size (a batch of copies of it): a batched result must be
+    # one of its own image's, bit for bit, whatever its neighbours (each image's outputs are computed alone)
+    from libreyolo.serve.batcher import default_batch_sizes
+
+    sizes = default_batch_sizes(args.max_batch)
+    by_size = {(i, s): model.predict([f] * s, batch=s, workers=0, **kw)[0] for i, f in enumerate(images) for s in sizes}
 
     lock = threading.Lock()
 
@@ -162,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     print(f"{'mode':<8} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} {'wait ms':>8} "
-          f"{'exact':>6} {'own':>5} {'set gap':>8} {'max diff':>9}")
+          f"{'exact':>6} {'own':>5} {'set gap':>8} {'max diff':>9} {'b-exact':>7}")
     for n in clients:
         for mode in ("lock", "batcher"):
             batcher = None
@@ -183,15 +200,16 @@ def main(argv: list[str] | None = None) -> int:
                 batcher.close()
             row = {"mode": mode, "clients": n, "requests": len(latencies), "req_per_s": round(len(latencies) / wall, 2),
                    "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
-                   "mean_ms": round(statistics.fmean(latencies), 3), **exactness(outputs, reference)}
+                   "mean_ms": round(statistics.fmean(latencies), 3), **exactness(outputs, reference),
+                   "batched_exact": batched_exactness(outputs, by_size, sizes)}
             if batcher:
                 row.update(mean_batch=stats["mean_batch"], queue_wait_ms_mean=stats["queue_wait_ms_mean"],
                            batches_by_size=stats["batches_by_size"])
             rows.append(row)
             print(f"{mode:<8} {n:>7} {row['req_per_s']:>9.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
                   f"{row.get('mean_batch') or 1:>6.2f} {row.get('queue_wait_ms_mean') or 0:>8.2f} "
-                  f"{row['exact']:>6.2f} {row['own']:>5.2f} {row['max_set_gap']:>8.2e} {row['max_box_diff']:>9.2e}",
-                  flush=True)
+                  f"{row['exact']:>6.2f} {row['own']:>5.2f} {row['max_set_gap']:>8.2e} {row['max_box_diff']:>9.2e} "
+                  f"{row['batched_exact']:>7.2f}", flush=True)
 
     def find(mode: str, n: int) -> dict | None:
         return next((r for r in rows if r["mode"] == mode and r["clients"] == n), None)
