@@ -164,3 +164,12 @@ if [ "$phase" = final26 ]; then
   timeout 190 python -m pytest -q -m gpu tests/test_compile.py -p no:cacheprovider > "$out/$day-compile-gpu-tests.log" 2>&1
   echo "compile gpu tests rc=$?"; tail -6 "$out/$day-compile-gpu-tests.log"
 fi
+if [ "$phase" = serve32 ]; then
+  # 32 clients: in_flight 3, and padded sizes in steps of 4 above 8 (less padding) against the defaults
+  for cfg in "--in-flight 3" "--batch-sizes 1,2,4,8,12,16,20,24,28,32" "--in-flight 3 --batch-sizes 1,2,4,8,12,16,20,24,28,32"; do
+    tag=$(echo "$cfg" | tr -c 'a-z0-9' '-' | sed 's/-\+/-/g; s/-$//')
+    timeout 100 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+      --clients 32 --requests 32 $cfg --out "$out/$day-serve32-h200$tag.json" > "$out/$day-serve32-h200$tag.log" 2>&1
+    echo "serve32 $cfg rc=$?"; grep -v "^ " "$out/$day-serve32-h200$tag.log" | tail -4
+  done
+fi

@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--in-flight", type=int, default=None, help="Batcher in_flight (default: its own)")
+    ap.add_argument("--batch-sizes", default=None, help="comma list of padded batch sizes (default: powers of two)")
     ap.add_argument("--conf", type=float, default=0.25)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: imgsz 160, 1 and 4 clients, 6 requests")
     ap.add_argument("--out", required=True, help="JSON path to write")
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     # one of its own image's, bit for bit, whatever its neighbours (each image's outputs are computed alone)
     from libreyolo.serve.batcher import default_batch_sizes
 
-    sizes = default_batch_sizes(args.max_batch)
+    sizes = (tuple(int(v) for v in args.batch_sizes.split(",")) if args.batch_sizes
+             else default_batch_sizes(args.max_batch))
     by_size = {(i, s): model.predict([f] * s, batch=s, workers=0, **kw)[0] for i, f in enumerate(images) for s in sizes}
 
     lock = threading.Lock()
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     locked(f)
             else:
                 batcher = Batcher(model, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, device=device,
-                                  in_flight=args.in_flight, **kw)
+                                  in_flight=args.in_flight, batch_sizes=sizes, **kw)
                 batcher.warmup(images[0])  # every padded size once: graphs captured before timing
                 call = batcher.predict
             if cuda:
