@@ -51,6 +51,21 @@ def timed(fn, n: int, warm: int = 3, cuda: bool = True) -> float:
     return round(statistics.median(times), 4)
 
 
+def bare_graph(module, static: torch.Tensor):
+    """A ``torch.cuda.CUDAGraph`` of ``module(static)`` after a warm-up on a side stream."""
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                module(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            module(static)
+    return graph
+
+
 def forward_section(model, batch: int, imgsz: int) -> dict:
     dev, dtype = model.device, torch.float16
     x = torch.rand(batch, 3, imgsz, imgsz, device=dev).to(dtype)
@@ -65,31 +80,14 @@ def forward_section(model, batch: int, imgsz: int) -> dict:
     copy = model.inference_copy(dev, dtype)
     module = copy.module
     static = xcl.clone()
-    with torch.inference_mode():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                module(static)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            module(static)
+    g = bare_graph(module, static)
     out["bare_cudagraph_cl_ms"] = timed(g.replay, 30)
     # the same with cuDNN's autotuner choosing the convolution algorithms (a process-wide switch)
     torch.backends.cudnn.benchmark = True
     try:
-        with torch.inference_mode():
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    module(static)
-            torch.cuda.current_stream().wait_stream(s)
-            g2 = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g2):
-                bench_out = module(static)
+        g2 = bare_graph(module, static)
         out["bare_cudagraph_cl_cudnn_benchmark_ms"] = timed(g2.replay, 30)
+
         def as_dict(o, name="out"):  # every tensor of a (nested) output, by path
             if isinstance(o, torch.Tensor):
                 return {name: o}
@@ -103,7 +101,6 @@ def forward_section(model, batch: int, imgsz: int) -> dict:
         # do the autotuned algorithms change the numbers? (fp16: the largest output difference)
         out["cudnn_benchmark_max_abs_diff"] = max(float((tuned[k].float() - plain[k].float()).abs().max())
                                                   for k in plain)
-        del bench_out
     finally:
         torch.backends.cudnn.benchmark = False
     out["images_per_s"] = {k: round(batch / v * 1e3, 1) for k, v in out.items() if k.endswith("_ms")}
