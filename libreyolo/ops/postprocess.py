@@ -65,10 +65,14 @@ def pack_params(metas: Sequence[LetterboxMeta], *, conf: float, iou: float, nc: 
     wanted = None if classes is None else {int(c) for c in classes}
     switches = [1.0] * nc if wanted is None else [1.0 if c in wanted else 0.0 for c in range(nc)]
     frames = [v for m in metas for v in (m.pad[0], m.pad[1], m.ratio, m.orig_shape[1], m.orig_shape[0])]
-    params = torch.tensor([float(conf), float(iou), *switches, *frames], dtype=torch.float32)
+    return params_to(torch.tensor([float(conf), float(iou), *switches, *frames], dtype=torch.float32), device)
+
+
+def params_to(params: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """A host parameter vector on ``device`` (None: left on the host). To a GPU through pinned memory
+    and non-blocking: a copy from pageable memory would first wait for the work queued there."""
     if device is None or torch.device(device).type != "cuda":
         return params if device is None else params.to(device)
-    # pinned and non-blocking: a plain copy to the GPU would wait for the work already queued there
     return params.pin_memory().to(device, non_blocking=True)
 
 
@@ -263,4 +267,4 @@ class DetectPostprocess:
 
 
 __all__ = ["DEFAULT_MAX_NMS", "DetectPostprocess", "check_max_nms", "detect_padded", "detect_postprocess",
-           "detect_postprocess_later", "pack_params", "read_detections", "read_detections_later"]
+           "detect_postprocess_later", "pack_params", "params_to", "read_detections", "read_detections_later"]

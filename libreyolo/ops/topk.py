@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.ops.postprocess import read_detections, read_detections_later
+from libreyolo.ops.postprocess import params_to, read_detections, read_detections_later
 
 _PARAM_HEAD = 1  # conf; then nc class switches, then 5 numbers per image (:func:`source_frame`)
 
@@ -56,10 +56,7 @@ def pack_set_params(metas: Sequence[Any], *, conf: float, nc: int, classes: Sequ
     wanted = None if classes is None else {int(c) for c in classes}
     switches = [1.0] * nc if wanted is None else [1.0 if c in wanted else 0.0 for c in range(nc)]
     frames = [v for m in metas for v in source_frame(m)]
-    params = torch.tensor([float(conf), *switches, *frames], dtype=torch.float32)
-    if device is None or torch.device(device).type != "cuda":
-        return params if device is None else params.to(device)
-    return params.pin_memory().to(device, non_blocking=True)  # a plain copy would wait for queued work
+    return params_to(torch.tensor([float(conf), *switches, *frames], dtype=torch.float32), device)
 
 
 def topk_padded(logits: torch.Tensor, boxes: torch.Tensor, params: torch.Tensor, *,
