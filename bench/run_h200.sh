@@ -164,6 +164,23 @@ if [ "$phase" = final26 ]; then
   timeout 190 python -m pytest -q -m gpu tests/test_compile.py -p no:cacheprovider > "$out/$day-compile-gpu-tests.log" 2>&1
   echo "compile gpu tests rc=$?"; tail -6 "$out/$day-compile-gpu-tests.log"
 fi
+if [ "$phase" = serve27 ]; then
+  # the Batcher at 32 clients under its settings (batcher rows only), then the recorded run (both modes,
+  # 1/8/32/64 clients) with the defaults; SERVE27_CFGS overrides the list of settings
+  timeout 100 python -m pytest -q -m gpu tests/test_serve.py -p no:cacheprovider > "$out/$day-gpu-tests-h200-serve27.log" 2>&1
+  echo "gpu tests rc=$?"; tail -3 "$out/$day-gpu-tests-h200-serve27.log"
+  m=.gpushared/compat/checkpoints/yolo9-t-seed0.pt
+  IFS=';' read -ra cfgs <<< "${SERVE27_CFGS:-;--in-flight 1;--in-flight 3;--batch-sizes 1,2,4,8,12,16,20,24,28,32;--max-batch 16;--max-wait-ms 0.5;--max-wait-ms 5}"
+  for cfg in "${cfgs[@]}"; do
+    tag=$(echo "x $cfg" | tr -c 'a-z0-9' '-' | sed 's/-\+/-/g; s/-$//')
+    timeout 60 python -u bench/serve_bench.py --half --model $m --clients 32 --requests 64 --modes batcher $cfg \
+      --out "$out/$day-serve27-h200$tag.json" > "$out/$day-serve27-h200$tag.log" 2>&1
+    echo "serve27 [$cfg] rc=$?"; grep -E "^batcher" "$out/$day-serve27-h200$tag.log" | tail -1
+  done
+  timeout 150 python -u bench/serve_bench.py --half --model $m --clients 1,8,32,64 --requests 32 --size-table \
+    ${SERVE27_FINAL:-} --out "$out/$day-serve-h200-final27.json" > "$out/$day-serve-h200-final27.log" 2>&1
+  echo "final rc=$?"; grep -E "^(lock|batcher|32 clients)" "$out/$day-serve-h200-final27.log"
+fi
 if [ "$phase" = serve32 ]; then
   # 32 clients: in_flight 3, and padded sizes in steps of 4 above 8 (less padding) against the defaults
   for cfg in "--in-flight 3" "--batch-sizes 1,2,4,8,12,16,20,24,28,32" "--in-flight 3 --batch-sizes 1,2,4,8,12,16,20,24,28,32"; do

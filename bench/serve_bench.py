@@ -89,14 +89,13 @@ def run_clients(call, images: list[np.ndarray], clients: int, requests: int) -> 
 def _gap(a, b) -> float:
     """Largest distance (px, max over coordinates) from a box of ``a`` to the nearest box of ``b`` of its
     class; inf when one has a box whose class the other lacks, 0 for two empty sets."""
-    worst = 0.0
-    for x, y in ((a, b), (b, a)):
-        for box, c in zip(x.xyxy.float().cpu(), x.cls.cpu(), strict=True):
-            same = y.xyxy.float().cpu()[y.cls.cpu() == c]
-            if not len(same):
-                return math.inf
-            worst = max(worst, float((same - box).abs().max(dim=1).values.min()))
-    return worst
+    xa, ca = a.xyxy.float().cpu(), a.cls.cpu()
+    xb, cb = b.xyxy.float().cpu(), b.cls.cpu()
+    if not len(xa) or not len(xb):
+        return 0.0 if len(xa) == len(xb) else math.inf
+    d = (xa[:, None] - xb[None]).abs().amax(-1)  # (n, m) box-to-box distances
+    d[ca[:, None] != cb[None]] = math.inf          # only boxes of the same class count
+    return float(max(d.amin(1).max(), d.amin(0).max()))
 
 
 def exactness(outputs: list, reference: list) -> dict[str, Any]:
@@ -145,12 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--in-flight", type=int, default=None, help="Batcher in_flight (default: its own)")
-    ap.add_argument("--batch-sizes", default=None, help="comma list of padded batch sizes (default: powers of two)")
+    ap.add_argument("--batch-sizes", default=None,
+                    help="comma list of padded batch sizes, or 'all' (1 to max batch; default: powers of two)")
+    ap.add_argument("--size-table", action="store_true",
+                    help="first: median predict() time and graph replay time per padded batch size")
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="sys.setswitchinterval for the run (Python's default: 5 ms between forced GIL hand-offs)")
+    ap.add_argument("--modes", default="lock,batcher", help="comma list of modes to run (lock, batcher)")
     ap.add_argument("--conf", type=float, default=0.25)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: imgsz 160, 1 and 4 clients, 6 requests")
     ap.add_argument("--out", required=True, help="JSON path to write")
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     clients = [int(c) for c in args.clients.split(",")]
     requests, imgsz = args.requests, args.imgsz
     if args.quick:
@@ -169,8 +176,30 @@ def main(argv: list[str] | None = None) -> int:
     # one of its own image's, bit for bit, whatever its neighbours (each image's outputs are computed alone)
     from libreyolo.serve.batcher import default_batch_sizes
 
-    sizes = (tuple(int(v) for v in args.batch_sizes.split(",")) if args.batch_sizes
-             else default_batch_sizes(args.max_batch))
+    if args.batch_sizes == "all":
+        sizes = tuple(range(1, args.max_batch + 1))
+    elif args.batch_sizes:
+        sizes = tuple(int(v) for v in args.batch_sizes.split(","))
+    else:
+        sizes = default_batch_sizes(args.max_batch)
+    size_table = []
+    if args.size_table:
+        print(f"{'batch':>5} {'predict ms':>10} {'replay ms':>9} {'ms/img':>7}")
+        for s in sizes:
+            batch_in = [images[k % len(images)] for k in range(s)]
+            for _ in range(3):
+                model.predict(batch_in, batch=s, workers=0, **kw)
+            walls, replays = [], []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                out = model.predict(batch_in, batch=s, workers=0, **kw)
+                walls.append((time.perf_counter() - t0) * 1e3)
+                replays.append(out[0].speed["inference"] * s)
+            row = {"batch": s, "predict_ms": round(statistics.median(walls), 3),
+                   "replay_ms": round(statistics.median(replays), 3)}
+            size_table.append(row)
+            per_image = row["predict_ms"] / s
+            print(f"{s:>5} {row['predict_ms']:>10.2f} {row['replay_ms']:>9.2f} {per_image:>7.3f}", flush=True)
     by_size = {(i, s): model.predict([f] * s, batch=s, workers=0, **kw)[0] for i, f in enumerate(images) for s in sizes}
 
     lock = threading.Lock()
@@ -183,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'mode':<8} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} {'wait ms':>8} "
           f"{'exact':>6} {'own':>5} {'set gap':>8} {'max diff':>9} {'b-exact':>7}")
     for n in clients:
-        for mode in ("lock", "batcher"):
+        for mode in args.modes.split(","):
             batcher = None
             if mode == "lock":
                 call = locked
@@ -232,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(), "settings": {**{k: v for k, v in kw.items()}, "max_batch": args.max_batch,
                                                           "max_wait_ms": args.max_wait_ms, "requests_per_client":
                                                           requests, "quick": args.quick},
+        "switch_interval_ms": sys.getswitchinterval() * 1e3, "batch_sizes": list(sizes), "size_table": size_table,
         "rows": rows, "targets": targets,
     }
     out = Path(args.out)

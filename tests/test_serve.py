@@ -436,3 +436,41 @@ def test_page_draws_the_boxes_of_a_chosen_image(server, model, tmp_path):
     drawn = sum(int((np.abs(pixels - c).sum(-1) == 0).sum()) for c in palette)
     assert drawn > 100  # boxes, not a stray pixel
     print(json.dumps({"screenshot": str(tmp_path / "page.png")}))
+
+
+# --- CUDA -----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_batcher_results_are_their_own_images_results_at_a_padded_size(frames):
+    """16 threads on CUDA (graphs, two batches in flight, each uploading through pinned staging on its
+    own side stream while the compute stream is held up): every result is bit for bit what its own
+    image gives in a batch of one of the padded sizes. An upload not waited for, a staging buffer
+    reused too early or a result handed to another caller would break it."""
+    model = LibreYOLO("LibreYOLO9t-shapes.pt", device="cuda")
+    kw = {"imgsz": 320, "conf": CONF, "cuda_graph": True}
+    sizes = (1, 2, 4)
+    want = {(i, s): model.predict([f] * s, batch=s, workers=0, **kw)[0] for i, f in enumerate(frames) for s in sizes}
+    real = model._preprocessor
+
+    def slow(imgsz):
+        pre = real(imgsz)
+
+        def run(tensors, **k):
+            torch.cuda._sleep(5_000_000)  # a device-side spin on the compute stream: uploads run ahead
+            return pre(tensors, **k)
+        return run
+
+    model._preprocessor = slow
+    got: list = []
+    with Batcher(model, max_batch=4, max_wait_ms=5, in_flight=2, **kw) as batcher:
+        def client(c: int) -> None:
+            for r in range(6):
+                k = (c + r) % 4
+                got.append((k, batcher(frames[k])))
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        stats = batcher.stats()
+    assert len(got) == 96 and stats["mean_batch"] > 1
+    assert all(any(same(r, want[(k, s)]) for s in sizes) for k, r in got)

@@ -255,7 +255,7 @@ def _tensor_source(t: torch.Tensor) -> SourceImage:
     return SourceImage(t, None, None, hwc=False)
 
 
-def _array_source(item: np.ndarray, color_format: str, where: str) -> SourceImage:
+def array_source(item: np.ndarray, color_format: str, where: str) -> SourceImage:
     arr, bgr = _array_to_rgb(item, color_format, where)
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
@@ -410,7 +410,7 @@ def _plan(item: Any, where: str, color_format: str) -> tuple[list[_Pending], boo
         return [_Pending(lambda p=p: _file_source(p), p) for p in files], was_dir
     if isinstance(item, np.ndarray):
         _check_array(item, where)
-        return [_Pending(lambda a=item, w=where: _array_source(a, color_format, w))], False
+        return [_Pending(lambda a=item, w=where: array_source(a, color_format, w))], False
     if isinstance(item, torch.Tensor):
         return [_Pending(lambda t=t: _tensor_source(t)) for t in _tensor_images(item, where)], False
     if hasattr(item, "mode") and hasattr(item, "convert"):  # PIL image, imported lazily

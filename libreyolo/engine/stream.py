@@ -165,7 +165,8 @@ class StagedBatch:
         return self.tensors
 
 
-def _stageable(img: SourceImage) -> bool:
+def stageable(img: SourceImage) -> bool:
+    """Whether ``img`` can go through a staging buffer: 8-bit, contiguous, in host memory."""
     p = img.pixels
     return p.dtype == torch.uint8 and p.device.type == "cpu" and p.is_contiguous()
 
@@ -178,7 +179,7 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
     offsets: list[int | None] = []
     total = 0
     for img in chunk:
-        if _stageable(img):
+        if stageable(img):
             offsets.append(total)
             total += -(-img.pixels.numel() // _ALIGN) * _ALIGN
         else:

@@ -100,7 +100,9 @@ class Batcher:
         self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
                                                                    predict_kw.pop("color_format", "bgr"))
         self.predict_kw = dict(predict_kw)
+        self._defaults: tuple | None = None  # _request_options({}), checked on first use
         self._prepare_options(predict_kw)  # every default checked now, before any request
+        self._room_for_graphs()
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()
         self._closed = False
@@ -113,6 +115,16 @@ class Batcher:
                          for i in range(self.in_flight)]
         for worker in self._workers:
             worker.start()
+
+    def _room_for_graphs(self) -> None:
+        """With CUDA graphs, let the model keep one graph per padded size (and a few more for other
+        callers): evicting a size's graph would recapture it on every other batch."""
+        options = getattr(self.model, "graph_options", None)
+        if not self.predict_kw.get("cuda_graph") or not callable(options):
+            return
+        want = len(self.batch_sizes) + 4
+        if options()["max_graphs"] < want:
+            options(max_graphs=want)
 
     def _check_sizes(self, sizes: Sequence[int] | None) -> tuple[int, ...]:
         if sizes is None:
@@ -151,10 +163,13 @@ class Batcher:
         HWC array in the order it came in (a BGR frame is not reordered on the host: predict()
         uploads it as it is and flips it on the device), or a CHW tensor (RGB). Requests of
         different orders are batched apart."""
-        from libreyolo.data.sources import open_sources, read_image_bytes
+        from libreyolo.data.sources import array_source, open_sources, read_image_bytes
 
         if isinstance(image, (bytes, bytearray, memoryview)):
             return read_image_bytes(image, "the uploaded image"), None, "rgb"
+        if isinstance(image, np.ndarray) and image.ndim in (2, 3):  # a frame: checked and converted as predict() would
+            img = array_source(image, color_format, "source")
+            return img.pixels.numpy(), None, "bgr" if img.bgr else "rgb"
         if isinstance(image, (list, tuple)):
             raise ImageError(f"a request takes one image, got a {type(image).__name__} of {len(image)}; "
                              "submit each image as its own request")
@@ -172,6 +187,16 @@ class Batcher:
         self._request_options(dict(options))
 
     def _request_options(self, options: dict[str, Any]) -> tuple[str, tuple, dict[str, Any]]:
+        """(color format, grouping key, predict() keywords) of one request. A request without options
+        (the usual one) gets the Batcher's defaults, checked once: a copy of the same answer."""
+        if not options:
+            if self._defaults is None:
+                self._defaults = self._check_request_options({})
+            color_format, key, call = self._defaults
+            return color_format, key, dict(call)
+        return self._check_request_options(options)
+
+    def _check_request_options(self, options: dict[str, Any]) -> tuple[str, tuple, dict[str, Any]]:
         from libreyolo.engine.options import COMMON_PREDICT_OPTIONS
 
         color_format = COMMON_PREDICT_OPTIONS["color_format"].check(
