@@ -181,6 +181,30 @@ if [ "$phase" = serve27 ]; then
     ${SERVE27_FINAL:-} --out "$out/$day-serve-h200-final27.json" > "$out/$day-serve-h200-final27.log" 2>&1
   echo "final rc=$?"; grep -E "^(lock|batcher|32 clients)" "$out/$day-serve-h200-final27.log"
 fi
+if [ "$phase" = probe27 ]; then
+  # batch (in)dependence of one image's result by batch size; then the autotuned aoti package at b1
+  m=.gpushared/compat/checkpoints/yolo9-t-seed0.pt
+  timeout 120 python -u bench/batch_independence.py --model $m --json "$out/$day-batch-independence-h200.json" \
+    > "$out/$day-batch-independence-h200.log" 2>&1; echo "independence rc=$?"; awk 'NR==1 || $5=="False"' "$out/$day-batch-independence-h200.log" | head -40
+  timeout 430 python -u bench/aoti_autotune_bench.py --model $m --json "$out/$day-aoti-autotune-h200.json" \
+    > "$out/$day-aoti-autotune-h200.log" 2>&1; echo "aoti autotune rc=$?"; grep -v Warning "$out/$day-aoti-autotune-h200.log" | tail -12
+fi
+if [ "$phase" = frames27 ]; then
+  # the letterbox inside the whole-pipeline graph: GPU tests, then the size table and 32 clients with it and
+  # without it, then the recorded run (both modes, 1/8/32/64 clients)
+  timeout 110 python -m pytest -q -m gpu tests/test_stream_pipeline.py tests/test_serve.py -p no:cacheprovider \
+    > "$out/$day-gpu-tests-h200-frames27.log" 2>&1; echo "gpu tests rc=$?"; tail -4 "$out/$day-gpu-tests-h200-frames27.log"
+  m=.gpushared/compat/checkpoints/yolo9-t-seed0.pt
+  for cfg in "" "--letterbox-outside"; do
+    tag=$(echo "x $cfg" | tr -c 'a-z0-9' '-' | sed 's/-\+/-/g; s/-$//')
+    timeout 75 python -u bench/serve_bench.py --half --model $m --clients 32 --requests 64 --modes batcher --size-table \
+      --batch-sizes 1,2,4,8,16,32 $cfg --out "$out/$day-frames27-h200$tag.json" > "$out/$day-frames27-h200$tag.log" 2>&1
+    echo "frames27 [$cfg] rc=$?"; grep -E "^ +(1|8|16|32) |^batcher" "$out/$day-frames27-h200$tag.log"
+  done
+  timeout 150 python -u bench/serve_bench.py --half --model $m --clients 1,8,32,64 --requests 32 \
+    --out "$out/$day-serve-h200-final27.json" > "$out/$day-serve-h200-final27.log" 2>&1
+  echo "final rc=$?"; grep -E "^(lock|batcher|32 clients)" "$out/$day-serve-h200-final27.log"
+fi
 if [ "$phase" = serve32 ]; then
   # 32 clients: in_flight 3, and padded sizes in steps of 4 above 8 (less padding) against the defaults
   for cfg in "--in-flight 3" "--batch-sizes 1,2,4,8,12,16,20,24,28,32" "--in-flight 3 --batch-sizes 1,2,4,8,12,16,20,24,28,32"; do

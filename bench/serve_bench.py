@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-flight", type=int, default=None, help="Batcher in_flight (default: its own)")
     ap.add_argument("--batch-sizes", default=None,
                     help="comma list of padded batch sizes, or 'all' (1 to max batch; default: powers of two)")
+    ap.add_argument("--letterbox-outside", action="store_true",
+                    help="letterbox outside the whole-pipeline graph (the path before frames went into it)")
     ap.add_argument("--size-table", action="store_true",
                     help="first: median predict() time and graph replay time per padded batch size")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
@@ -156,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="JSON path to write")
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.letterbox_outside:
+        import libreyolo.engine.pipeline as pipeline_module
+
+        pipeline_module.FRAMES_IN_GRAPH = False
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     clients = [int(c) for c in args.clients.split(",")]
@@ -261,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(), "settings": {**{k: v for k, v in kw.items()}, "max_batch": args.max_batch,
                                                           "max_wait_ms": args.max_wait_ms, "requests_per_client":
                                                           requests, "quick": args.quick},
-        "switch_interval_ms": sys.getswitchinterval() * 1e3, "batch_sizes": list(sizes), "size_table": size_table,
+        "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        "letterbox_in_graph": not args.letterbox_outside, "batch_sizes": list(sizes), "size_table": size_table,
         "rows": rows, "targets": targets,
     }
     out = Path(args.out)

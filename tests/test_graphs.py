@@ -552,3 +552,35 @@ def test_stream_fence_orders_only_when_the_stream_changes(monkeypatch):
         fence.join(stream)
         fence.mark(stream)
     assert waits == [(2, 1), (1, 2)]  # a wait only at each switch, on the stream used last
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_same_size_frames_are_letterboxed_inside_the_pipeline_graph_with_the_same_results(model, backend, n):
+    """A staged batch of same-size 8-bit frames runs as one program from the frames (letterbox,
+    network, postprocessing): its results equal the letterbox run outside the graph, bit for bit."""
+    import numpy as np
+
+    from libreyolo.data.sources import array_source
+    from libreyolo.engine.stream import StagedBatch
+
+    rng = np.random.default_rng(n)
+    arrays = [rng.integers(0, 256, (48, 80, 3), dtype=np.uint8) for _ in range(n)]  # BGR frames, resized to 64
+    chunk = [array_source(a, "bgr", "frame") for a in arrays]
+    frames = torch.stack([img.pixels for img in chunk])
+    kw = {"opts": model.predict_options(conf=0.01), "imgsz": IMGSZ, "half": False, "cuda_graph": True,
+          "device": torch.device("cpu")}
+    cpu = torch.device("cpu")
+    outside = model._predict_chunk(chunk, 0.0, staged=StagedBatch([img.to_device(cpu) for img in chunk]), **kw)
+    inside = model._predict_chunk(chunk, 0.0, staged=StagedBatch([img.to_device(cpu) for img in chunk],
+                                                                 uniform=(frames, True)), **kw)
+    programs = [g["program"] for g in model.graph_info()["graphs"]]
+    assert programs == ["pipeline", "letterbox+pipeline"]
+    assert all(len(r.boxes) for r in outside)
+    for a, b in zip(outside, inside, strict=True):
+        assert all(torch.equal(getattr(a.boxes, k), getattr(b.boxes, k)) for k in ("xyxy", "conf", "cls"))
+    # the frames' channel order is part of the program: frames read as RGB give other results
+    rgb = model._predict_chunk(chunk, 0.0, staged=StagedBatch([img.to_device(cpu) for img in chunk],
+                                                              uniform=(frames, False)), **kw)
+    assert len(model.graph_info()["graphs"]) == 3
+    assert any(not torch.equal(a.boxes.conf, b.boxes.conf) if a.boxes.conf.shape == b.boxes.conf.shape else True
+               for a, b in zip(outside, rgb, strict=True))

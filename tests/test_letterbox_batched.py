@@ -41,3 +41,25 @@ def test_a_preallocated_output_is_filled_in_place():
     got, _ = lb(images, out=out)
     assert got.data_ptr() == out.data_ptr() and not (out == -1).any()
     assert torch.equal(out, one_at_a_time(lb, images)[0])
+
+
+@pytest.mark.parametrize("lb", [
+    Letterbox(96),
+    Letterbox(96, placement="center", channels="BGR", divisor=1.0),
+    Letterbox(96, resize="pil-bilinear", size_rounding="floor"),
+    Letterbox(96, resize="opencv-linear", placement="center"),
+], ids=["bilinear", "center-bgr-raw", "pil", "opencv"])
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("bgr", [False, True], ids=["rgb", "bgr"])
+@pytest.mark.parametrize("hw", [(50, 80), (120, 40), (96, 96)], ids=["wide", "tall", "exact"])
+def test_place_batch_of_uploaded_frames_equals_the_per_image_path(lb, n, bgr, hw):
+    """``place_batch`` (what a graph holding the letterbox runs on the uploaded (B, H, W, 3) frames)
+    gives the numbers of ``__call__`` on the same frames reordered one by one, bit for bit."""
+    from libreyolo.data.sources import SourceImage
+
+    frames = torch.randint(0, 256, (n, *hw, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    images = [SourceImage(frames[i], bgr=bgr).orient(frames[i]) for i in range(n)]
+    want, metas = lb(images)
+    got = lb.place_batch(frames, bgr)
+    assert torch.equal(got, want)
+    assert lb.metas_for(*hw, n) == metas

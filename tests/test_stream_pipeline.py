@@ -280,3 +280,28 @@ def test_gpu_staging_survives_a_slow_compute_stream(tmp_path):
         _same(model.predict(arrays, workers=4, **kw), plain)
     finally:
         del model._preprocessor
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_gpu_frames_letterboxed_inside_the_graph_equal_the_letterbox_outside(monkeypatch, half):
+    """Same-size frames staged together run as one graph from the uploaded bytes (letterbox,
+    network, postprocessing): bit for bit what the letterbox outside the graph gives, for one
+    frame and a batch, BGR and RGB, a frame that is resized and one that is only padded."""
+    import libreyolo.engine.pipeline as pipeline_mod
+
+    model = LibreYOLO("LibreYOLO9t-shapes.pt", device="cuda")
+    base = np.asarray(Image.open(Path(sources_mod.__file__).parents[1] / "assets" / "shapes.jpg").convert("RGB"))
+    for hw in ((480, 640), (360, 500)):
+        frames = [np.ascontiguousarray(np.roll(np.asarray(Image.fromarray(base).resize(hw[::-1])), 7 * i, axis=1))
+                  for i in range(4)]
+        for batch, color in ((1, "bgr"), (4, "bgr"), (4, "rgb")):
+            kw = {"imgsz": 320, "conf": 0.05, "half": half, "cuda_graph": True, "batch": batch, "workers": 0,
+                  "color_format": color}
+            inside = model.predict(frames[:batch], **kw)
+            programs = {g["program"] for g in model.graph_info()["graphs"]}
+            monkeypatch.setattr(pipeline_mod, "FRAMES_IN_GRAPH", False)
+            outside = model.predict(frames[:batch], **kw)
+            monkeypatch.setattr(pipeline_mod, "FRAMES_IN_GRAPH", True)
+            assert "letterbox+pipeline" in programs
+            _same(inside, outside)

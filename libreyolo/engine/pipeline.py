@@ -18,6 +18,8 @@ import torch
 from libreyolo.utils.log import LOGGER
 
 Network = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+# same-size 8-bit frames uploaded together are letterboxed inside the whole-pipeline graph
+FRAMES_IN_GRAPH = True
 
 
 class PipelineGraphs:
@@ -61,18 +63,58 @@ class PipelineGraphs:
                 "pipeline": {"supported": bool(self.family.SUPPORTS_PIPELINE_GRAPH), "active": why is None,
                              "reason": why}}
 
-    def _pipeline_program(self, network: Network, static: tuple[tuple[str, Any], ...]):
+    def _pipeline_program(self, network: Network, static: tuple[tuple[str, Any], ...],
+                          frames: tuple[Any, bool, torch.dtype] | None = None):
         """The captured program: network and device postprocessing, keyed by the options that fix
-        its shapes (``static``: the device postprocess's ``static(opts)``, e.g. max_det, max_nms)."""
+        its shapes (``static``: the device postprocess's ``static(opts)``, e.g. max_det, max_nms).
+        With ``frames`` = (letterbox, bgr, input dtype) the program starts from the uploaded 8-bit
+        frames and letterboxes them itself (:meth:`~libreyolo.ops.letterbox.Letterbox.place_batch`)."""
         from libreyolo.graphs import GraphProgram
 
         post = self.family.device_postprocess()
         fixed = dict(static)
+        if frames is None:
+            def pipeline(x: torch.Tensor, params: torch.Tensor) -> dict[str, torch.Tensor]:
+                return post(network(x), params, **fixed)
 
-        def pipeline(x: torch.Tensor, params: torch.Tensor) -> dict[str, torch.Tensor]:
-            return post(network(x), params, **fixed)
+            return GraphProgram("pipeline", pipeline, tuple(static))
+        pre, bgr, dtype = frames
 
-        return GraphProgram("pipeline", pipeline, tuple(static))
+        def from_frames(raw: torch.Tensor, params: torch.Tensor) -> dict[str, torch.Tensor]:
+            return post(network(pre.place_batch(raw, bgr, dtype)), params, **fixed)
+
+        options = (*static, ("preprocess", repr(pre)), ("bgr", bgr), ("input_dtype", str(dtype).removeprefix("torch.")))
+        return GraphProgram("letterbox+pipeline", from_frames, options)
+
+    def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], pre: Any, dtype: torch.dtype, clock: Any,
+                            *, cuda_graph: bool | str, opts: Any) -> tuple[Callable[[], list], list] | None:
+        """The letterbox too inside the whole-pipeline graph: one replay from the uploaded frames to
+        padded detections, where the pipeline graph runs and the preprocessing can be captured
+        (a :class:`~libreyolo.ops.letterbox.Letterbox`: every shape follows from the frame size).
+        The numbers equal the letterbox run outside the graph (``tests/test_graphs_gpu.py``)."""
+        raw, bgr = frames
+        if (not callable(getattr(pre, "place_batch", None)) or not FRAMES_IN_GRAPH
+                or self.pipeline_unavailable(raw.device) is not None):
+            return None
+        from libreyolo.graphs import GraphCaptureError
+
+        self._require_graph_support()
+        n, h, w = (int(v) for v in raw.shape[:3])
+        metas = pre.metas_for(h, w, n)
+        clock.mark()
+        runner, network = self._graph_target(raw.new_empty(0, dtype=dtype))
+        post = self.family.device_postprocess()
+        params = post.params(metas, opts, nc=self.nc, device=raw.device)
+        program = self._pipeline_program(network, post.static(opts), (pre, bgr, dtype))
+        try:
+            with torch.inference_mode():
+                padded = runner((raw, params), cuda_graph, program)
+        except GraphCaptureError as exc:  # recorded in graph_info()["failures"]; letterbox outside the graph
+            LOGGER.warning("CUDA graph with the letterbox inside unavailable for this input (%s); letterboxing "
+                           "outside it", exc)
+            return None
+        clock.mark()
+        return post.read_later(padded), metas
 
     def _pipeline_forward(self, batch: torch.Tensor, metas: list, mode: bool | str, opts: Any = None,
                           **options: Any) -> dict[str, torch.Tensor]:

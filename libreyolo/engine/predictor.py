@@ -96,6 +96,14 @@ class Predictor:
         clock.mark()
         return self.family.postprocess_later(outputs, metas, opts)
 
+    def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], pre: Any, dtype: torch.dtype, clock: StageClock,
+                            *, cuda_graph: bool | str, opts: Any) -> tuple[Callable[[], list], list] | None:
+        """Preprocessing, network and postprocessing of a batch of same-size uploaded frames
+        (``frames``: (B, H, W, 3) uint8 and whether they are BGR) as one CUDA graph, or None when
+        this model cannot (then :meth:`_infer_start` runs on the preprocessed batch).
+        Returns (read-back call, metas). See :meth:`libreyolo.engine.pipeline.PipelineGraphs._infer_frames_start`."""
+        return None
+
     def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
                opts: Any) -> list:
         """:meth:`_infer_start` read back at once: the per-image predictions of one batch."""
@@ -307,9 +315,16 @@ class Predictor:
         device = self.device if device is None else device
         clock = StageClock(device, t0)
         tensors = staged.ready(device) if staged is not None else [img.to_device(device) for img in chunk]
-        batch, metas = self._preprocessor(imgsz)(tensors, dtype=self._input_dtype(half))
-        clock.mark()  # preprocessing enqueued
-        read = self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
+        pre, dtype = self._preprocessor(imgsz), self._input_dtype(half)
+        started = None
+        if staged is not None and staged.uniform is not None and cuda_graph:
+            started = self._infer_frames_start(staged.uniform, pre, dtype, clock, cuda_graph=cuda_graph, opts=opts)
+        if started is None:
+            batch, metas = pre(tensors, dtype=dtype)
+            clock.mark()  # preprocessing enqueued
+            read = self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
+        else:
+            read, metas = started
         clock.mark()  # postprocessing enqueued
         task = self.family.task  # the Results payload comes from the task (libreyolo.tasks)
 

@@ -152,6 +152,9 @@ class StagedBatch:
     tensors: list[torch.Tensor]
     event: Any = None                       # the upload's completion (CUDA), None when already done
     owned: list[torch.Tensor] = field(default_factory=list)  # device memory allocated on the side stream
+    # (frames, bgr): the whole batch as one (B, H, W, 3) view of the upload, when every image is an
+    # 8-bit HWC frame of one size and channel order (what a whole-pipeline graph can letterbox itself)
+    uniform: tuple[torch.Tensor, bool] | None = None
 
     def ready(self, device: torch.device) -> list[torch.Tensor]:
         """The tensors, safe to use on ``device``'s current stream: it waits for the upload, and the
@@ -214,7 +217,20 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
             event.record(side)
     if slot is not None:
         pool.release(slot, event)
-    return StagedBatch(tensors, event, owned if use_side else [])
+    return StagedBatch(tensors, event, owned if use_side else [], _uniform(chunk, offsets, owned[0] if slot else None))
+
+
+def _uniform(chunk: list[SourceImage], offsets: list[int | None], flat: torch.Tensor | None) -> Any:
+    """(frames, bgr) when the staged images lie back to back in ``flat`` as one (B, H, W, 3) batch."""
+    first = chunk[0]
+    shape = tuple(first.pixels.shape)
+    if flat is None or not first.hwc or len(shape) != 3 or shape[2] != 3:
+        return None
+    size = first.pixels.numel()
+    for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
+        if off != i * size or not img.hwc or img.bgr != first.bgr or tuple(img.pixels.shape) != shape:
+            return None
+    return flat[:len(chunk) * size].view(len(chunk), *shape), first.bgr
 
 
 class _nothing:

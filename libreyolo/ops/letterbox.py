@@ -134,6 +134,31 @@ class Letterbox:
             start = stop
         return out, metas
 
+    def metas_for(self, h: int, w: int, n: int) -> list[LetterboxMeta]:
+        """The metas of ``n`` images of ``h`` x ``w`` (what :meth:`__call__` returns for them)."""
+        ratio, _, _, top, left = self.geometry(h, w)
+        return [LetterboxMeta((h, w), ratio, (float(left), float(top)))] * n
+
+    def place_batch(self, frames: torch.Tensor, bgr: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The network input of a batch of same-size 8-bit frames as they were uploaded: ``frames``
+        (B, H, W, 3), RGB or ``bgr``. Fixed shapes and no host work, so a CUDA graph can hold it.
+
+        The same numbers as :meth:`__call__` on the frames as CHW RGB tensors (each reordered by
+        :meth:`~libreyolo.data.sources.SourceImage.orient`): the same operations on a batch laid
+        out as that path lays it out (one image keeps its reordered view's strides; several are
+        stacked into a contiguous batch)."""
+        if frames.shape[0] == 1:  # as one reordered image is passed on: its view, batched by unsqueeze
+            x = frames[0].permute(2, 0, 1)
+            x = (x.flip(0) if bgr else x).unsqueeze(0)
+        else:  # as torch.stack lays out the reordered images: one contiguous batch
+            x = frames.permute(0, 3, 1, 2)
+            x = (x.flip(1) if bgr else x).contiguous()
+        n, h, w = int(x.shape[0]), int(x.shape[-2]), int(x.shape[-1])
+        _, new_h, new_w, top, left = self.geometry(h, w)
+        out = torch.empty((n, 3, self.size, self.size), device=frames.device, dtype=dtype)
+        self._place(out, x, new_h, new_w, top, left)
+        return out
+
     def _place(self, canvas: torch.Tensor, imgs: torch.Tensor, new_h: int, new_w: int, top: int, left: int) -> None:
         """Resize ``imgs`` (k, C, h, w) into ``canvas`` (k, 3, size, size) at (top, left); pad the rest."""
         h, w = int(imgs.shape[-2]), int(imgs.shape[-1])
