@@ -205,6 +205,15 @@ if [ "$phase" = frames27 ]; then
     --out "$out/$day-serve-h200-final27.json" > "$out/$day-serve-h200-final27.log" 2>&1
   echo "final rc=$?"; grep -E "^(lock|batcher|32 clients)" "$out/$day-serve-h200-final27.log"
 fi
+if [ "$phase" = gpu27 ]; then
+  # GPU tests of the paths the letterbox-inside-the-graph change touches, then the other families' GPU tests
+  timeout 170 python -m pytest -q -m gpu tests/test_graphs_gpu.py tests/test_stream_pipeline.py tests/test_serve.py \
+    tests/test_export_aoti.py -p no:cacheprovider > "$out/$day-gpu-tests-h200-gpu27-a.log" 2>&1
+  echo "gpu tests a rc=$?"; tail -8 "$out/$day-gpu-tests-h200-gpu27-a.log"
+  timeout 115 python -m pytest -q -m gpu tests/test_restore_rtmdet_gpu.py tests/test_yolox.py tests/test_detr_gpu.py \
+    tests/test_inference_copies.py tests/test_nms.py -p no:cacheprovider > "$out/$day-gpu-tests-h200-gpu27-b.log" 2>&1
+  echo "gpu tests b rc=$?"; tail -8 "$out/$day-gpu-tests-h200-gpu27-b.log"
+fi
 if [ "$phase" = serve32 ]; then
   # 32 clients: in_flight 3, and padded sizes in steps of 4 above 8 (less padding) against the defaults
   for cfg in "--in-flight 3" "--batch-sizes 1,2,4,8,12,16,20,24,28,32" "--in-flight 3 --batch-sizes 1,2,4,8,12,16,20,24,28,32"; do

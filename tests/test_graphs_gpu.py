@@ -99,7 +99,9 @@ def test_threads_each_get_their_own_forward_result(model, own_streams):
 def test_threads_each_get_their_own_predict_results(model):
     images = _images(12)
     expected = [model(img, conf=0.6, color_format="rgb") for img in images]
-    model.capture_graph(640)
+    sizes = sorted({img.shape[:2] for img in images})
+    for size in sizes:  # each frame size's graph (letterbox inside) captured before serving
+        model.capture_graph(640, frame_size=size, color_format="rgb", conf=0.6)
 
     def work(worker: int, errors: list[str]) -> None:
         for step in range(6):
@@ -110,7 +112,8 @@ def test_threads_each_get_their_own_predict_results(model):
                 errors.append(f"worker {worker}: wrong detections for image {i}")
 
     assert _serve_concurrently(work) == []
-    assert model.graph_info()["captures"] == 1
+    info = model.graph_info()
+    assert info["captures"] == len(sizes) and {g["program"] for g in info["graphs"]} == {"letterbox+pipeline"}
 
 
 def test_capturing_while_other_threads_serve_eagerly(model):
@@ -231,8 +234,12 @@ def test_pipeline_graph_is_the_cuda_graph_path_and_equals_eager_predict(model):
             found += len(eager)
     assert found > 0, "no detections: the comparison would be vacuous"
     graphs = model.graph_info()["graphs"]
-    # conf, iou and classes are written before each replay: one graph per (shape, max_det)
-    assert sorted((g["program"], g["options"]["max_det"]) for g in graphs) == [("pipeline", 50), ("pipeline", 300)]
+    # conf, iou and classes are written before each replay: one graph per (shape, max_det); a frame
+    # size seen again runs the graph that letterboxes it too, one per (frame size, max_det)
+    keys = [(g["program"], tuple(g["shape"]), g["options"]["max_det"]) for g in graphs]
+    assert len(keys) == len(set(keys))
+    assert sorted(k[2] for k in keys if k[0] == "pipeline") == [50, 300]
+    assert any(k[0] == "letterbox+pipeline" for k in keys)
 
 
 def test_pipeline_graph_second_replay_and_interleaved_shapes(model):
@@ -261,7 +268,8 @@ def test_threads_serving_the_pipeline_graph_each_get_their_own_results(model):
     confs = [_spread_conf(model, img) for img in images]
     expected = [model(img, conf=c, color_format="rgb") for img, c in zip(images, confs, strict=True)]
     assert sum(len(e) for e in expected) > 0
-    model.capture_graph(640)
+    model.capture_graph(640)  # the letterboxed pipeline: each frame size's first batch
+    sizes = {img.shape[:2] for img in images}
 
     def work(worker: int, errors: list[str]) -> None:
         stream = torch.cuda.Stream() if worker % 2 else torch.cuda.current_stream()
@@ -274,8 +282,9 @@ def test_threads_serving_the_pipeline_graph_each_get_their_own_results(model):
                     errors.append(f"worker {worker}: wrong detections for image {i}")
 
     assert _serve_concurrently(work) == []
-    info = model.graph_info()
-    assert info["captures"] == 1 and info["graphs"][0]["program"] == "pipeline"
+    info = model.graph_info()  # and from its second on, one graph per frame size, captured while others serve
+    programs = sorted(g["program"] for g in info["graphs"])
+    assert info["captures"] == 1 + len(sizes) and programs == ["letterbox+pipeline"] * len(sizes) + ["pipeline"]
 
 
 def test_postprocessing_on_cuda_never_waits_for_the_device(model):

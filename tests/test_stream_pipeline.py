@@ -298,6 +298,7 @@ def test_gpu_frames_letterboxed_inside_the_graph_equal_the_letterbox_outside(mon
         for batch, color in ((1, "bgr"), (4, "bgr"), (4, "rgb")):
             kw = {"imgsz": 320, "conf": 0.05, "half": half, "cuda_graph": True, "batch": batch, "workers": 0,
                   "color_format": color}
+            first = model.predict(frames[:batch], **kw)  # a frame size's first batch: letterboxed outside
             inside = model.predict(frames[:batch], **kw)
             programs = {g["program"] for g in model.graph_info()["graphs"]}
             monkeypatch.setattr(pipeline_mod, "FRAMES_IN_GRAPH", False)
@@ -305,3 +306,4 @@ def test_gpu_frames_letterboxed_inside_the_graph_equal_the_letterbox_outside(mon
             monkeypatch.setattr(pipeline_mod, "FRAMES_IN_GRAPH", True)
             assert "letterbox+pipeline" in programs
             _same(inside, outside)
+            _same(first, outside)

@@ -315,11 +315,16 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         return {"max_graphs": self._max_graphs or DEFAULT_MAX_GRAPHS}
 
     def capture_graph(self, imgsz: int | None = None, batch: int = 1,
-                      dtype: torch.dtype | None = None, **options: Any) -> dict[str, Any]:
+                      dtype: torch.dtype | None = None, *, frame_size: Any = None, color_format: str = "bgr",
+                      **options: Any) -> dict[str, Any]:
         """Capture what ``predict(cuda_graph=True)`` replays for ``(batch, 3, imgsz, imgsz)`` now, so
         the first request does not pay: the whole pipeline for the task's shape-fixing options
         (detect: ``max_det``, ``max_nms``) where the family supports it (:meth:`pipeline_unavailable`),
         else the network forward.
+
+        ``frame_size=(h, w)``: capture instead the graph that starts from ``batch`` uploaded 8-bit
+        frames of that size (arrays in ``color_format``, files, video frames) and letterboxes them
+        inside (docs/graphs.md); predict() then uses it from the first such batch.
 
         ``dtype``: None is the model's precision (see :meth:`half`); ``torch.float16`` captures for
         ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
@@ -341,6 +346,8 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         if options and self.pipeline_unavailable(self.device) is not None:
             self.predict_options(**options)  # checked even where only the forward is captured
         runner = self._graph_runner(self.inference_copy(self.device, dtype))
+        if frame_size is not None:
+            return self._capture_frames_graph(runner, imgsz, batch, dtype, frame_size, color_format, options)
         pad = self.family.letterbox(imgsz).neutral_input  # a blank image, as preprocessed
         x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=dtype, device=self.device)
         if self.pipeline_unavailable(self.device) is None:
@@ -355,6 +362,34 @@ class Model(Quantizable, PipelineGraphs, Predictor):
                 return runner.capture((x, params), program)
         with torch.inference_mode():
             return runner.capture(x)
+
+    def _capture_frames_graph(self, runner: Any, imgsz: int, batch: int, dtype: torch.dtype, frame_size: Any,
+                              color_format: str, options: dict[str, Any]) -> dict[str, Any]:
+        """capture_graph(frame_size=...): the letterbox+pipeline program for grey frames of that size."""
+        from libreyolo.data.sources import check_pixels
+        from libreyolo.engine.options import PREDICT_OPTIONS as P
+
+        bgr = P["color_format"].check("color_format", color_format) == "bgr"
+        sides = frame_size if isinstance(frame_size, (tuple, list)) and len(frame_size) == 2 else ()
+        if not sides or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sides):
+            raise ArgumentError(f"frame_size must be (height, width) in pixels, e.g. (480, 640), got {frame_size!r}")
+        check_pixels(sides[1], sides[0], "frame_size")
+        pre = self._preprocessor(imgsz)
+        why = self.pipeline_unavailable(self.device)
+        if why is not None or not callable(getattr(pre, "place_batch", None)):
+            raise ArgumentError(f"frame_size: this model letterboxes outside its graph "
+                                f"({why or 'its preprocessing cannot be captured'}); call capture_graph() without it")
+        opts = self.predict_options(**options)
+        post = self.family.device_postprocess()
+        h, w = frame_size
+        raw = torch.full((batch, h, w, 3), 114, dtype=torch.uint8, device=self.device)
+        params = post.params(pre.metas_for(h, w, batch), opts, nc=self.nc, device=self.device)
+        program = self._pipeline_program(self._network(runner.module), post.static(opts), (pre, bgr, dtype))
+        from libreyolo.engine.pipeline import FRAMES_AFTER
+
+        self._frame_sighting(self._frame_key(raw, bgr, pre, dtype, post.static(opts)), at_least=FRAMES_AFTER)
+        with torch.inference_mode():
+            return runner.capture((raw, params), program)
 
     def graph_info(self) -> dict[str, Any]:
         """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md.

@@ -10,6 +10,8 @@ parity harness proved it equal to the eager pipeline (docs/graphs.md).
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,11 @@ from libreyolo.utils.log import LOGGER
 Network = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 # same-size 8-bit frames uploaded together are letterboxed inside the whole-pipeline graph
 FRAMES_IN_GRAPH = True
+# ... from the FRAMES_AFTER-th batch of one frame size (or at once after capture_graph(frame_size=...)):
+# a folder of photos of many sizes keeps one letterboxed graph instead of capturing one per size
+FRAMES_AFTER = 2
+_FRAME_SIGHTINGS = 64  # frame keys remembered per model (least recently seen forgotten)
+_SIGHT_LOCK = threading.Lock()
 
 
 class PipelineGraphs:
@@ -86,11 +93,28 @@ class PipelineGraphs:
         options = (*static, ("preprocess", repr(pre)), ("bgr", bgr), ("input_dtype", str(dtype).removeprefix("torch.")))
         return GraphProgram("letterbox+pipeline", from_frames, options)
 
+    @staticmethod
+    def _frame_key(raw: torch.Tensor, bgr: bool, pre: Any, dtype: torch.dtype, static: tuple) -> tuple:
+        return tuple(raw.shape), str(raw.device), bgr, repr(pre), str(dtype), static
+
+    def _frame_sighting(self, key: tuple, at_least: int = 0) -> int:
+        """How many batches of this frame key were seen, this one included (at least ``at_least``)."""
+        with _SIGHT_LOCK:
+            seen = self.__dict__.setdefault("_frame_sightings", OrderedDict())
+            count = max(seen.pop(key, 0) + 1, at_least)
+            seen[key] = count
+            while len(seen) > _FRAME_SIGHTINGS:
+                seen.popitem(last=False)
+        return count
+
     def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], pre: Any, dtype: torch.dtype, clock: Any,
                             *, cuda_graph: bool | str, opts: Any) -> tuple[Callable[[], list], list] | None:
         """The letterbox too inside the whole-pipeline graph: one replay from the uploaded frames to
         padded detections, where the pipeline graph runs and the preprocessing can be captured
-        (a :class:`~libreyolo.ops.letterbox.Letterbox`: every shape follows from the frame size).
+        (a :class:`~libreyolo.ops.letterbox.Letterbox`: every shape follows from the frame size),
+        from the :data:`FRAMES_AFTER`-th batch of a frame size on (a graph per frame size pays only
+        where sizes repeat: a video, a camera, a server), or at once after
+        ``capture_graph(frame_size=...)``.
         The numbers equal the letterbox run outside the graph (``tests/test_graphs_gpu.py``)."""
         raw, bgr = frames
         if (not callable(getattr(pre, "place_batch", None)) or not FRAMES_IN_GRAPH
@@ -99,11 +123,13 @@ class PipelineGraphs:
         from libreyolo.graphs import GraphCaptureError
 
         self._require_graph_support()
+        post = self.family.device_postprocess()
+        if self._frame_sighting(self._frame_key(raw, bgr, pre, dtype, post.static(opts))) < FRAMES_AFTER:
+            return None
         n, h, w = (int(v) for v in raw.shape[:3])
         metas = pre.metas_for(h, w, n)
         clock.mark()
         runner, network = self._graph_target(raw.new_empty(0, dtype=dtype))
-        post = self.family.device_postprocess()
         params = post.params(metas, opts, nc=self.nc, device=raw.device)
         program = self._pipeline_program(network, post.static(opts), (pre, bgr, dtype))
         try:
