@@ -96,6 +96,11 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
         return self._graph_runner(), self._network
 
+    def _infer_frames_start(self, *args: Any, **kwargs: Any) -> None:
+        """The letterbox stays outside a package's graph: the letterbox-inside program is verified
+        on a GPU for the eager model only (tests/test_stream_pipeline.py), not yet for packages."""
+        return None
+
     def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
         if not self._graphable:
             return NO_GRAPH_REASON
