@@ -6,18 +6,21 @@ import torch
 
 from libreyolo.ops.letterbox import Letterbox
 
+LETTERBOXES = [
+    Letterbox(96),
+    Letterbox(96, placement="center", channels="BGR", divisor=1.0),
+    Letterbox(96, resize="pil-bilinear", size_rounding="floor"),
+    Letterbox(96, resize="opencv-linear", placement="center"),
+]
+LETTERBOX_IDS = ["bilinear", "center-bgr-raw", "pil", "opencv"]
+
 
 def one_at_a_time(lb: Letterbox, images: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
     parts = [lb([img]) for img in images]
     return torch.cat([p[0] for p in parts]), [m for p in parts for m in p[1]]
 
 
-@pytest.mark.parametrize("lb", [
-    Letterbox(96),
-    Letterbox(96, placement="center", channels="BGR", divisor=1.0),
-    Letterbox(96, resize="pil-bilinear", size_rounding="floor"),
-    Letterbox(96, resize="opencv-linear", placement="center"),
-], ids=["bilinear", "center-bgr-raw", "pil", "opencv"])
+@pytest.mark.parametrize("lb", LETTERBOXES, ids=LETTERBOX_IDS)
 @pytest.mark.parametrize("integer", [True, False], ids=["uint8", "float"])
 def test_runs_of_same_sized_images_equal_one_image_at_a_time(lb, integer):
     g = torch.Generator().manual_seed(0)
@@ -43,12 +46,7 @@ def test_a_preallocated_output_is_filled_in_place():
     assert torch.equal(out, one_at_a_time(lb, images)[0])
 
 
-@pytest.mark.parametrize("lb", [
-    Letterbox(96),
-    Letterbox(96, placement="center", channels="BGR", divisor=1.0),
-    Letterbox(96, resize="pil-bilinear", size_rounding="floor"),
-    Letterbox(96, resize="opencv-linear", placement="center"),
-], ids=["bilinear", "center-bgr-raw", "pil", "opencv"])
+@pytest.mark.parametrize("lb", LETTERBOXES, ids=LETTERBOX_IDS)
 @pytest.mark.parametrize("n", [1, 4])
 @pytest.mark.parametrize("bgr", [False, True], ids=["rgb", "bgr"])
 @pytest.mark.parametrize("hw", [(50, 80), (120, 40), (96, 96)], ids=["wide", "tall", "exact"])
