@@ -10,8 +10,6 @@ TORCH ?= torch==2.13.0
 # extras the test suite exercises (export formats that run on a CPU machine)
 EXTRAS ?= dev,onnx-simplify,executorch,coreml,train,serve
 COMPAT ?= $(abspath ../shared/compat)
-# test processes (pytest-xdist; each test file runs whole in one of them): 2 fits a 2-core, 24 GiB machine
-JOBS ?= 2
 
 .PHONY: venv demo test lint clean
 
@@ -29,7 +27,7 @@ demo: venv
 	$(BIN)/libreyolo predict model=out/LibreYOLO9t-shapes.onnx source=libreyolo/assets/shapes.jpg save_dir=out
 
 test: venv
-	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" -n $(JOBS) --dist loadfile --durations=15 tests
+	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" --durations=15 tests
 
 lint: venv
 	$(BIN)/ruff check libreyolo tests examples bench
