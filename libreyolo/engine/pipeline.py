@@ -115,7 +115,8 @@ class PipelineGraphs:
         from the :data:`FRAMES_AFTER`-th batch of a frame size on (a graph per frame size pays only
         where sizes repeat: a video, a camera, a server), or at once after
         ``capture_graph(frame_size=...)``.
-        The numbers equal the letterbox run outside the graph (``tests/test_graphs_gpu.py``)."""
+        The numbers equal the letterbox run outside the graph (``tests/test_letterbox_batched.py``, and
+        on a GPU ``tests/test_stream_pipeline.py``)."""
         raw, bgr = frames
         if (not callable(getattr(pre, "place_batch", None)) or not FRAMES_IN_GRAPH
                 or self.pipeline_unavailable(raw.device) is not None):
