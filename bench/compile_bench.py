@@ -11,19 +11,28 @@ above), ``workers=0`` (the plain path: one call is one batch). Rows, each on a f
 - ``eager``: the eager inference copy (``cuda_graph=False``);
 - ``graph``: ``cuda_graph=True`` (our CUDA graphs of the eager copy, whole pipeline where the family allows);
 - ``compile:<mode>``: ``compile=<mode>`` with ``cuda_graph=False`` (torch.compile of the copy, validated
-  against eager on the first call).
+  against eager on the first call);
+- ``graph+compile:<mode>``: ``compile=<mode>`` with ``cuda_graph=True``: our whole-pipeline graphs (the
+  letterbox inside from the second batch of a frame size) holding the network compiled in the mode's
+  counterpart without Inductor's CUDA graphs, validated against eager before the capture.
 
 Reported per row: the first call's seconds (compilation, validation or capture included), then the
 median and 90th percentile of ``--n`` timed calls after ``--warmup`` calls, in ms per call, and for
 compile rows whether the compiled program serves (or the fallback reason) and its compile seconds
-(``compile_info()``). Prints a table and writes JSON (device, torch, command).
+(``compile_info()``), and images per second (batch / median). Prints a table and writes JSON (device,
+torch, command).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import gc
+import io
 import json
 import math
+import os
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -53,6 +62,33 @@ def sparse_model(device: str, imgsz: int):
     return model
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of the whole machine from /proc/stat (None where there is none)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """How many of the machine's cores were busy on average between two :func:`cpu_jiffies` readings."""
+    if before is None or after is None or after[1] == before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1), 2)
+
+
+def stop_compile_workers() -> bool:
+    """End Inductor's pool of compile worker processes (it is started again by the next compilation)."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:
+        return False
+    shutdown_compile_workers()
+    return True
+
+
 def timed(call, cuda: bool) -> float:
     if cuda:
         torch.cuda.synchronize()
@@ -67,9 +103,10 @@ def run_row(name: str, batch: int, args: argparse.Namespace, cuda: bool) -> dict
     model = sparse_model(args.device, args.imgsz)
     if cuda:
         model.half()
-    kw = {"imgsz": args.imgsz, "workers": 0, "cuda_graph": name == "graph"}
-    if name.startswith("compile:"):
-        model.compile(name.split(":", 1)[1])
+    graphed, _, mode = name.partition("compile:")
+    kw = {"imgsz": args.imgsz, "workers": 0, "cuda_graph": name.startswith("graph")}
+    if mode:
+        model.compile(mode)
     img = frame()
     source = img if batch == 1 else [img] * batch
     if batch > 1:
@@ -79,19 +116,52 @@ def run_row(name: str, batch: int, args: argparse.Namespace, cuda: bool) -> dict
         model.predict(source, **kw)
 
     first = timed(call, cuda)
+    stopped = bool(mode) and args.stop_compile_workers and stop_compile_workers()
     for _ in range(args.warmup):
         call()
-    times = sorted(timed(call, cuda) * 1e3 for _ in range(args.n))
+    gc_ms: list[float] = []
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            gc_ms.append((time.perf_counter() - started.pop()) * 1e3)
+
+    gc.callbacks.append(on_gc)
+    jiffies = cpu_jiffies()
+    try:
+        times = sorted(timed(call, cuda) * 1e3 for _ in range(args.n))
+    finally:
+        gc.callbacks.remove(on_gc)
+    machine_busy = busy_cores(jiffies, cpu_jiffies())
     row = {"row": name, "batch": batch, "first_call_s": round(first, 3),
            "median_ms": round(statistics.median(times), 3),
            "p90_ms": round(times[min(len(times) - 1, int(0.9 * len(times)))], 3), "n": args.n}
-    if name.startswith("compile:"):
+    row["images_per_s"] = round(batch / row["median_ms"] * 1e3, 1)
+    row["gc"] = {"collections": len(gc_ms), "ms": round(sum(gc_ms), 3), "objects": len(gc.get_objects())}
+    row["threads"] = {"torch": torch.get_num_threads(), "affinity": len(os.sched_getaffinity(0))}
+    row["machine_busy_cores"] = machine_busy  # this process and any other (e.g. Inductor's compile workers)
+    if mode:
+        row["compile_workers_stopped"] = stopped
+    if args.profile:  # where the host time of a call goes (cProfile of 20 calls, own time)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(20):
+            timed(call, cuda)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+        row["profile"] = text.getvalue().split("ncalls", 1)[-1]
+    if mode:
         info = model.compile_info()
         entry = info["copies"][0] if info["copies"] else {}
         row.update({"mode": entry.get("mode"), "compiled": entry.get("compiled"), "fallback": entry.get("fallback"),
                     "compile_s": entry.get("compile_seconds"),
                     "validate_s": round(sum(x["validate_seconds"] for x in entry.get("shapes", [])), 3),
                     "inductor_cuda_graphs": entry.get("inductor_cuda_graphs"), "calls": entry.get("calls")})
+    if kw["cuda_graph"]:
+        row["graphs"] = sorted(g["program"] for g in model.graph_info()["graphs"])
     return row
 
 
@@ -103,8 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     ap.add_argument("--rows", default="eager,graph,compile:default,compile:reduce-overhead",
-                    help="comma-separated rows: eager, graph, compile:<mode>")
+                    help="comma-separated rows: eager, graph, compile:<mode>, graph+compile:<mode>")
     ap.add_argument("--n", type=int, default=200, help="timed calls per row")
+    ap.add_argument("--stop-compile-workers", action="store_true",
+                    help="end Inductor's compile worker processes after a compile row's first call")
+    ap.add_argument("--profile", action="store_true", help="per row: cProfile of 20 more calls (own time) in the JSON")
     ap.add_argument("--warmup", type=int, default=20, help="untimed calls per row after the first")
     args = ap.parse_args(argv)
     if args.quick:
@@ -114,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.device.startswith("cuda")
     rows_wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
     if not cuda:
-        rows_wanted = [r for r in rows_wanted if r != "graph"]  # CUDA graphs need CUDA
+        rows_wanted = [r for r in rows_wanted if not r.startswith("graph")]  # CUDA graphs need CUDA
     env = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "cpus": __import__("os").cpu_count(), "command": " ".join(["python3", *sys.argv]),
@@ -133,15 +206,16 @@ def main(argv: list[str] | None = None) -> int:
                 args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nYOLOv9-t {precision} imgsz {args.imgsz}, predict(one 480x640 uint8 frame per image), workers=0 "
           f"({env['device']}, torch {env['torch']})")
-    print(f"{'batch':>5} | {'row':<24} | {'first call s':>12} | {'median ms':>9} | {'p90 ms':>8} | {'x eager':>7} | "
-          "compiled")
+    print(f"{'batch':>5} | {'row':<24} | {'first call s':>12} | {'median ms':>9} | {'p90 ms':>8} | {'img/s':>7} | "
+          f"{'x eager':>7} | compiled")
     eager = {r["batch"]: r["median_ms"] for r in rows if r["row"] == "eager"}
     for r in rows:
         base = eager.get(r["batch"])
         state = "" if "compiled" not in r else ("yes" if r["compiled"] else f"no: {r['fallback']}")
         speedup = f"{base / r['median_ms']:.2f}" if base else "-"
         print(f"{r['batch']:>5} | {r['row']:<24} | {r['first_call_s']:>12} | {r['median_ms']:>9} | "
-              f"{r['p90_ms']:>8} | {speedup:>7} | {state}")
+              f"{r['p90_ms']:>8} | {r['images_per_s']:>7} | {speedup:>7} | {state} "
+              f"(busy cores {r['machine_busy_cores']})")
     return 0
 
 

@@ -223,3 +223,54 @@ if [ "$phase" = serve32 ]; then
     echo "serve32 $cfg rc=$?"; grep -v "^ " "$out/$day-serve32-h200$tag.log" | tail -4
   done
 fi
+if [ "$phase" = cgraph ]; then
+  # compile on + cuda_graph=True (our graphs hold the compiled network): the compile GPU tests, compile_bench
+  # at b1/b8/b32 (graph against graph+compile), then the Batcher at 32 clients on compiled graphs
+  timeout 240 python -m pytest -q -m gpu tests/test_compile.py -p no:cacheprovider > "$out/$day-gpu-tests-h200-cgraph.log" 2>&1
+  echo "compile gpu tests rc=$?"; tail -8 "$out/$day-gpu-tests-h200-cgraph.log"
+  timeout ${CGRAPH_BENCH_S:-200} python -u bench/compile_bench.py --batches ${CGRAPH_BATCHES:-1,8,32} \
+    --rows ${CGRAPH_ROWS:-graph,graph+compile:default} --n 60 --warmup 10 \
+    --json "$out/$day-compile-graphs-h200.json" > "$out/$day-compile-graphs-h200.log" 2>&1
+  echo "compile bench rc=$?"; tail -9 "$out/$day-compile-graphs-h200.log"
+  timeout ${CGRAPH_SERVE_S:-140} python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 32 --requests 64 --modes batcher --size-table --batch-sizes 1,2,4,8,16,32 --compile true \
+    --out "$out/$day-serve27-h200-compiled-graphs.json" > "$out/$day-serve27-h200-compiled-graphs.log" 2>&1
+  echo "serve compiled rc=$?"; grep -E "^ +(1|8|16|32) |^batcher|Error|error" "$out/$day-serve27-h200-compiled-graphs.log" | tail -12
+fi
+if [ "$phase" = cprof ]; then
+  # the compile GPU tests, then where host time goes with compiled graphs: rows graph / graph+compile / graph again
+  # (a fresh model after a compilation in the process), cProfile and GC time per row
+  timeout 200 python -m pytest -q -m gpu tests/test_compile.py -p no:cacheprovider > "$out/$day-gpu-tests-h200-cgraph.log" 2>&1
+  echo "compile gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-h200-cgraph.log" | tail -5
+  timeout 250 python -u bench/compile_bench.py --batches 1,8 --rows graph,graph+compile:default,graph --n 40 --warmup 10 \
+    --profile --json "$out/$day-compile-graphs-profile-h200.json" > "$out/$day-compile-graphs-profile-h200.log" 2>&1
+  echo "compile bench rc=$?"; tail -8 "$out/$day-compile-graphs-profile-h200.log"
+  python - "$out/$day-compile-graphs-profile-h200.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["row"], r["batch"], r["median_ms"], r["gc"], r["threads"])
+    print("\n".join(r.get("profile", "").splitlines()[:10]))
+PY
+fi
+if [ "$phase" = cbench ]; then
+  # compiled graphs with Inductor's compile workers ended after compiling: compile_bench b1/b8/b32 (graph,
+  # graph+compile, graph again) with the machine's busy cores per row, then the Batcher at 32 clients
+  timeout 230 python -u bench/compile_bench.py --batches 1,8,32 --rows graph,graph+compile:default,graph --n 40 \
+    --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-h200.json" > "$out/$day-compile-graphs-h200.log" 2>&1
+  echo "compile bench rc=$?"; tail -11 "$out/$day-compile-graphs-h200.log"
+  timeout 300 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 32 --requests 64 --modes batcher --size-table --batch-sizes 1,2,4,8,16,32 --compile true \
+    --stop-compile-workers --out "$out/$day-serve27-h200-compiled-graphs.json" > "$out/$day-serve27-h200-compiled-graphs.log" 2>&1
+  echo "serve compiled rc=$?"; grep -E "^ +(1|2|4|8|16|32) |^batcher|Error|error" "$out/$day-serve27-h200-compiled-graphs.log" | tail -12
+fi
+if [ "$phase" = cfinal ]; then
+  # the compile and Batcher GPU tests after the Batcher's warm-up change, then the recorded serving run on compiled
+  # graphs (lock and Batcher, 1/8/32/64 clients, size table), Inductor's compile workers ended after each warm-up
+  timeout 150 python -m pytest -q -m gpu tests/test_compile.py tests/test_serve.py -p no:cacheprovider \
+    > "$out/$day-gpu-tests-h200-cfinal.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-h200-cfinal.log" | tail -5
+  timeout 310 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 1,8,32,64 --requests 32 --size-table --compile true --stop-compile-workers \
+    --out "$out/$day-serve-h200-compiled-graphs.json" > "$out/$day-serve-h200-compiled-graphs.log" 2>&1
+  echo "serve rc=$?"; grep -E "^ +(1|2|4|8|16|32) |^(lock|batcher|32 clients)|Error" "$out/$day-serve-h200-compiled-graphs.log"
+fi

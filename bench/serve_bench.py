@@ -45,6 +45,9 @@ sys.path.insert(0, str(ROOT))
 from libreyolo import SAMPLE_IMAGE, LibreYOLO  # noqa: E402
 from libreyolo.serve import Batcher  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from compile_bench import busy_cores, cpu_jiffies, stop_compile_workers  # noqa: E402
+
 
 def frames(n: int = 8) -> list[np.ndarray]:
     """``n`` distinct BGR frames of one size (the sample image, flipped, shifted, with noise)."""
@@ -153,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="sys.setswitchinterval for the run (Python's default: 5 ms between forced GIL hand-offs)")
     ap.add_argument("--modes", default="lock,batcher", help="comma list of modes to run (lock, batcher)")
+    ap.add_argument("--compile", default=None,
+                    help="model.compile(MODE) after the eager reference: the graphs hold the compiled network")
+    ap.add_argument("--stop-compile-workers", action="store_true",
+                    help="with --compile: end Inductor's compile workers after each warm-up (the Batcher's does)")
     ap.add_argument("--conf", type=float, default=0.25)
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: imgsz 160, 1 and 4 clients, 6 requests")
     ap.add_argument("--out", required=True, help="JSON path to write")
@@ -178,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         kw["cuda_graph"] = True
     images = frames()
     reference = [model(f, **{k: v for k, v in kw.items() if k != "cuda_graph"}) for f in images]  # eager, single
+    if args.compile:  # after the reference: "exact" then says how often the compiled graphs give eager's boxes
+        model.compile(True if args.compile == "true" else args.compile)
     # what each image gives in a batch of each padded size (a batch of copies of it): a batched result must be
     # one of its own image's, bit for bit, whatever its neighbours (each image's outputs are computed alone)
     from libreyolo.serve.batcher import default_batch_sizes
@@ -195,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             batch_in = [images[k % len(images)] for k in range(s)]
             for _ in range(3):
                 model.predict(batch_in, batch=s, workers=0, **kw)
+            if args.compile and args.stop_compile_workers:
+                stop_compile_workers()  # this size compiled: its workers would slow the timing
             walls, replays = [], []
             for _ in range(15):
                 t0 = time.perf_counter()
@@ -224,21 +235,25 @@ def main(argv: list[str] | None = None) -> int:
                 call = locked
                 for f in images[:3]:  # warm-up (captures the batch-1 graph)
                     locked(f)
+                if args.compile and args.stop_compile_workers:
+                    stop_compile_workers()  # as the Batcher's warm-up does
             else:
                 batcher = Batcher(model, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, device=device,
                                   in_flight=args.in_flight, batch_sizes=sizes, **kw)
                 batcher.warmup(images[0])  # every padded size once: graphs captured before timing
-                call = batcher.predict
+                call = batcher.predict  # (its warm-up ended Inductor's compile workers on a compiled model)
             if cuda:
                 torch.cuda.synchronize()
+            jiffies = cpu_jiffies()
             wall, latencies, outputs = run_clients(call, images, n, requests)
+            machine_busy = busy_cores(jiffies, cpu_jiffies())
             stats = batcher.stats() if batcher else {}
             if batcher:
                 batcher.close()
             row = {"mode": mode, "clients": n, "requests": len(latencies), "req_per_s": round(len(latencies) / wall, 2),
                    "p50_ms": pct(latencies, 50), "p99_ms": pct(latencies, 99),
                    "mean_ms": round(statistics.fmean(latencies), 3), **exactness(outputs, reference),
-                   "batched_exact": batched_exactness(outputs, by_size, sizes)}
+                   "batched_exact": batched_exactness(outputs, by_size, sizes), "machine_busy_cores": machine_busy}
             if batcher:
                 row.update(mean_batch=stats["mean_batch"], queue_wait_ms_mean=stats["queue_wait_ms_mean"],
                            batches_by_size=stats["batches_by_size"])
@@ -266,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "settings": {**{k: v for k, v in kw.items()}, "max_batch": args.max_batch,
                                                           "max_wait_ms": args.max_wait_ms, "requests_per_client":
-                                                          requests, "quick": args.quick},
+                                                          requests, "quick": args.quick, "compile": args.compile},
         "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "letterbox_in_graph": not args.letterbox_outside, "batch_sizes": list(sizes), "size_table": size_table,
         "rows": rows, "targets": targets,

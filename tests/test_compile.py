@@ -88,6 +88,14 @@ def test_compile_info_reports_the_mode_the_validated_shape_and_compile_seconds(c
     assert entry["calls"]["compiled"] >= 1
 
 
+def test_end_compile_workers_ends_the_pool_a_compilation_left_and_says_so(compiled):
+    from torch._inductor import async_compile
+
+    had = bool(async_compile._pool_set)
+    assert compiled_mod.end_compile_workers() is had
+    assert not async_compile._pool_set and compiled_mod.end_compile_workers() is False
+
+
 def test_changed_weights_drop_the_compiled_program_and_the_next_predict_revalidates(compiled):
     model = compiled.model
     old = model.inference_copy().attachment("compiled")
@@ -273,13 +281,38 @@ def test_gpu_fp16_reduce_overhead_is_validated_and_replays_give_the_eager_detect
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_true_on_a_compiled_model_replays_graphs_of_the_eager_copy():
-    model = seeded_model("t").to("cuda").compile(True)
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+def test_gpu_cuda_graphs_of_a_compiled_model_replay_the_validated_compiled_network(half):
+    """Real Inductor code (mode "default": reduce-overhead without its CUDA graphs) captured in our
+    whole-pipeline graphs, the letterbox inside from a frame size's second batch: the detections
+    pass the artifact bar against the eager model's, every replay."""
+    from libreyolo.export.matching import match_detections
+    from libreyolo.results import decoded_predictions
+
     plain = seeded_model("t").to("cuda")
-    got = model.predict(SAMPLE_IMAGE, conf=CONF, cuda_graph=True, workers=0)
-    want = plain.predict(SAMPLE_IMAGE, conf=CONF, cuda_graph=True, workers=0)
-    assert len(want.boxes) > 0 and _same_results(got, want)
-    assert model.compile_info()["copies"] == []  # nothing was compiled: the graphs captured the eager copy
+    model = seeded_model("t").to("cuda").compile(True)
+    if half:
+        plain, model = plain.half(), model.half()
+    import numpy as np
+    from PIL import Image
+
+    frame = np.ascontiguousarray(np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB"))[..., ::-1])  # BGR, as cv2 reads
+    frame[:40] = 0  # not the file's pixels: another input of the same size
+    images = [SAMPLE_IMAGE, frame, frame, frame]
+    want = [plain.predict(i, conf=CONF, workers=0) for i in images]
+    got = [model.predict(i, conf=CONF, cuda_graph=True, workers=0) for i in images]
+    entries = {e["used_by"]: e for e in model.compile_info()["copies"]}
+    entry = entries["CUDA graphs"]
+    assert entry["mode"] == "default" and not entry["inductor_cuda_graphs"]
+    assert entry["compiled"], entry["fallback"]
+    programs = sorted(g["program"] for g in model.graph_info()["graphs"])
+    assert programs == ["letterbox+pipeline", "pipeline"], programs
+    assert len(want[0].boxes) > 0
+    for w, g in zip(want, got, strict=True):  # the bar of the test above (the raw outputs passed the validation)
+        m = match_detections(decoded_predictions("detect", w), decoded_predictions("detect", g), conf=CONF,
+                             max_det=300, iou_min=0.9, score_tol=2e-3)
+        assert m["passed"], m
+    assert _same_results(got[2], got[3])  # replays of one graph: the same numbers
 
 
 def test_threads_share_one_compilation_and_one_validation(monkeypatch):

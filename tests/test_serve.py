@@ -239,6 +239,29 @@ def test_in_flight_batches_run_at_once_and_each_caller_still_gets_its_result(mod
         Batcher(model, workers=4)
 
 
+def test_warmup_runs_every_size_twice_and_ends_compile_workers_only_after_compiling(model, frames, monkeypatch):
+    """Twice: frames of one size go into the graph from their second batch (docs/graphs.md). With
+    compile on, the warm-up compiled every size, so Inductor's workers are ended (they slow serving)."""
+    from libreyolo.engine import compiled as compiled_mod
+
+    ended, sizes = [], []
+    monkeypatch.setattr(compiled_mod, "end_compile_workers", lambda: ended.append(1) or True)
+    monkeypatch.setattr(compiled_mod, "torch_compile", lambda module, mode: module)
+
+    class Counting(Gated):
+        def predict(self, images, **kw):
+            sizes.append(len(images))
+            return super().predict(images, **kw)
+
+    with Batcher(Counting(model), max_batch=4, imgsz=IMGSZ, conf=CONF) as batcher:
+        batcher.warmup(frames[0])
+    assert sorted(sizes) == [1, 1, 2, 2, 4, 4] and ended == []
+    compiled = LibreYOLO("LibreYOLO9t-shapes.pt").compile(True)
+    with Batcher(compiled, max_batch=1, imgsz=IMGSZ, conf=CONF) as batcher:
+        batcher.warmup(frames[0])
+    assert ended == [1] and compiled.compile_info()["copies"][0]["compiled"]
+
+
 def test_a_lone_request_does_not_wait_for_company_that_is_not_coming(model, frames):
     with Batcher(model, max_batch=8, max_wait_ms=5_000, imgsz=IMGSZ, conf=CONF) as batcher:
         t0 = time.perf_counter()

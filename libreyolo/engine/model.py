@@ -21,6 +21,9 @@ from libreyolo.models.base import Family
 _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
 _GRAPHS = "graphs"  # the name a copy's GraphRunner is attached under (docs/inference.md)
 _COMPILED = "compiled"  # ... and its torch.compile program (libreyolo.engine.compiled)
+_GRAPHS_COMPILED = "graphs:compiled"  # with compile on: the GraphRunner whose graphs hold the compiled network
+_COMPILED_IN_GRAPH = "compiled:in-graph"  # ... and that network (a mode without Inductor CUDA graphs)
+_RUNNERS = (_GRAPHS, _GRAPHS_COMPILED)
 
 
 class Model(Quantizable, PipelineGraphs, Predictor):
@@ -178,8 +181,8 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         copies = self._copies()
         live = []
         for c in copies.live():
-            runner = c.attachment(_GRAPHS)
-            live.append({**c.describe(), "graphs": 0 if runner is None else len(runner.info()["graphs"])})
+            runners = [r for r in (c.attachment(n) for n in _RUNNERS) if r is not None]
+            live.append({**c.describe(), "graphs": sum(len(r.info()["graphs"]) for r in runners)})
         return {"options": dict(self._inference_opts), "default_dtype": str(self._default_dtype()).replace(
             "torch.", ""), "copies": live, "builds": copies.builds}
 
@@ -190,23 +193,23 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         """Copies were dropped: their graphs and compiled programs go with them; keep the counters cumulative."""
         had_graphs = False
         for c in retired:
-            if c.attachment(_COMPILED) is not None:
+            if c.attachment(_COMPILED) is not None or c.attachment(_COMPILED_IN_GRAPH) is not None:
                 self._compile_totals["retired"] += 1
                 self._compile_totals["last_retired"] = reason
-            runner = c.attachment(_GRAPHS)
-            if runner is None:
-                continue
-            info = runner.info()
-            had_graphs |= bool(info["graphs"] or info["failures"] or info["pending"])
-            for k in ("captures", "evictions", "invalidations"):
-                self._graph_totals[k] += info[k]
+            for runner in (c.attachment(n) for n in _RUNNERS):
+                if runner is None:
+                    continue
+                info = runner.info()
+                had_graphs |= bool(info["graphs"] or info["failures"] or info["pending"])
+                for k in ("captures", "evictions", "invalidations"):
+                    self._graph_totals[k] += info[k]
         if had_graphs:
             self._graph_totals["invalidations"] += 1
             self._graph_totals["last_invalidation"] = reason
 
     # --- torch.compile of the inference copies (libreyolo.engine.compiled, docs/inference.md) ---
     def compile(self, mode: bool | str = True) -> Model:  # noqa: A003 - the name torch users know
-        """Run ``predict(cuda_graph=False)`` through torch.compile of the inference copy (or stop).
+        """Run the network of ``predict()`` through torch.compile of the inference copy (or stop).
 
         ``mode``: ``True`` is torch.compile's "reduce-overhead" on CUDA (Inductor's own CUDA graphs)
         and "default" on the CPU; a string picks the mode ("default", "reduce-overhead",
@@ -214,7 +217,8 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         lazily, per inference copy and input shape (fixed shapes), and compared with the eager copy
         on the first batch of each shape with the export validator's tolerances; where compiling
         fails or the comparison does, one warning, and that copy runs eagerly. :meth:`compile_info`
-        shows the state. ``predict(cuda_graph=True)`` still captures the eager copy.
+        shows the state. ``predict(cuda_graph=True)`` captures the network compiled in the mode's
+        counterpart without Inductor's CUDA graphs inside our graphs (docs/inference.md).
         """
         from libreyolo.engine.options import COMPILE_OPTION
 
@@ -222,21 +226,26 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         if mode != self._compile:
             self._compile = mode
             for c in self._copies().live():
-                c.detach(_COMPILED)
+                for name in (_COMPILED, _GRAPHS_COMPILED, _COMPILED_IN_GRAPH):
+                    c.detach(name)
         return self
 
-    def _compiled(self, copy: InferenceCopy):
-        """The copy's :class:`~libreyolo.engine.compiled.CompiledForward`, or None when compile is off."""
+    def _compiled(self, copy: InferenceCopy, *, in_graph: bool = False):
+        """The copy's :class:`~libreyolo.engine.compiled.CompiledForward`, or None when compile is off;
+        ``in_graph``: the one our CUDA graphs capture (a mode without Inductor's CUDA graphs)."""
         if self._compile is False:
             return None
-        from libreyolo.engine.compiled import CompiledForward, resolve_mode
+        from libreyolo.engine.compiled import CompiledForward, in_graph_mode, resolve_mode
 
         mode = resolve_mode(self._compile, copy.key.device)
+        name = _COMPILED_IN_GRAPH if in_graph else _COMPILED
+        if in_graph:
+            mode = in_graph_mode(mode)
         family, device = self.family, copy.key.device
-        found = copy.attached(_COMPILED, lambda module: CompiledForward(module, family, device, mode))
+        found = copy.attached(name, lambda module: CompiledForward(module, family, device, mode))
         if found.mode != mode:  # switched by compile() in another thread meanwhile
-            copy.detach(_COMPILED)
-            found = copy.attached(_COMPILED, lambda module: CompiledForward(module, family, device, mode))
+            copy.detach(name)
+            found = copy.attached(name, lambda module: CompiledForward(module, family, device, mode))
         return found
 
     def compile_info(self) -> dict[str, Any]:
@@ -247,9 +256,10 @@ class Model(Quantizable, PipelineGraphs, Predictor):
 
         copies = []
         for c in self._copies().live():
-            found = c.attachment(_COMPILED)
-            if found is not None:
-                copies.append({**c.key.describe(), **found.info()})
+            for name, used_by in ((_COMPILED, "predict(cuda_graph=False)"), (_COMPILED_IN_GRAPH, "CUDA graphs")):
+                found = c.attachment(name)
+                if found is not None:
+                    copies.append({**c.key.describe(), "used_by": used_by, **found.info()})
         return {"mode": self._compile, "cuda_graph": CUDA_GRAPH_RULE, "copies": copies,
                 "retired": self._compile_totals["retired"], "last_retired": self._compile_totals["last_retired"]}
 
@@ -275,8 +285,8 @@ class Model(Quantizable, PipelineGraphs, Predictor):
 
     # --- the whole-pipeline graph: forward + decoding + candidates + NMS (libreyolo.engine.pipeline) ---
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
-        copy = self._copies().get(batch.device, batch.dtype)
-        return self._graph_runner(copy), self._network(copy.module)
+        runner = self._graph_runner(self._copies().get(batch.device, batch.dtype))
+        return runner, runner.fn
 
     def _network(self, module: nn.Module):
         family = self.family
@@ -288,19 +298,28 @@ class Model(Quantizable, PipelineGraphs, Predictor):
 
     def _graph_runner(self, copy: InferenceCopy | None = None):
         """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
-        model's device and precision). Graphs capture the copy's module and are released with it."""
+        model's device and precision). Graphs capture the copy's module and are released with it;
+        with :meth:`compile` on, another runner's graphs capture the copy's compiled network
+        (validated against the copy before its first capture of a shape)."""
         copy = self.inference_copy() if copy is None else copy
-        return copy.attached(_GRAPHS, self._new_graph_runner)
+        if self._compile is False:
+            return copy.attached(_GRAPHS, self._new_graph_runner)
+        runner = copy.attachment(_GRAPHS_COMPILED)
+        if runner is not None:
+            return runner
+        compiled = self._compiled(copy, in_graph=True)
+        return copy.attached(_GRAPHS_COMPILED, lambda module: self._new_graph_runner(module, compiled))
 
-    def _new_graph_runner(self, module: nn.Module):
+    def _new_graph_runner(self, module: nn.Module, network: Any = None):
         from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
 
-        return GraphRunner(module, self._network(module), backend=self.__dict__.get("_graph_backend"),
+        return GraphRunner(module, self._network(module) if network is None else network,
+                           backend=self.__dict__.get("_graph_backend"),
                            max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
 
     def _graph_runners(self) -> list:
         """The graph runners of the live inference copies (none made here)."""
-        return [r for r in (c.attachment(_GRAPHS) for c in self._copies().live()) if r is not None]
+        return [r for c in self._copies().live() for r in (c.attachment(n) for n in _RUNNERS) if r is not None]
 
     def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
         """Set graph options; returns the current ones. ``max_graphs``: graphs kept per inference copy
@@ -357,7 +376,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
             post = self.family.device_postprocess()
             metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
             params = post.params(metas, opts, nc=self.nc, device=self.device)
-            program = self._pipeline_program(self._network(runner.module), post.static(opts))
+            program = self._pipeline_program(runner.fn, post.static(opts))
             with torch.inference_mode():
                 return runner.capture((x, params), program)
         with torch.inference_mode():
@@ -384,7 +403,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         h, w = frame_size
         raw = torch.full((batch, h, w, 3), 114, dtype=torch.uint8, device=self.device)
         params = post.params(pre.metas_for(h, w, batch), opts, nc=self.nc, device=self.device)
-        program = self._pipeline_program(self._network(runner.module), post.static(opts), (pre, bgr, dtype))
+        program = self._pipeline_program(runner.fn, post.static(opts), (pre, bgr, dtype))
         from libreyolo.engine.pipeline import FRAMES_AFTER
 
         self._frame_sighting(self._frame_key(raw, bgr, pre, dtype, post.static(opts)), at_least=FRAMES_AFTER)

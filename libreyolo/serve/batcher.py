@@ -204,14 +204,23 @@ class Batcher:
         return (color_format, *self._prepare_options(options))
 
     def warmup(self, image: Any = None, **options: Any) -> None:
-        """Run every padded batch size once (``image``: a mid-grey frame by default), so that with
-        ``cuda_graph=True`` each size's graph is captured before the first request."""
+        """Run every padded batch size (``image``: a mid-grey frame by default), so that with
+        ``cuda_graph=True`` each size's graphs are captured before the first request: twice, since
+        frames of one size are letterboxed inside the graph from their second batch. On a model with
+        ``compile`` on, every size is compiled here, and Inductor's compile workers are ended after
+        (:func:`libreyolo.engine.compiled.end_compile_workers`: they slow serving while they live)."""
         frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
         color_format, _, call = self._request_options(dict(options))
         pixels, _, order = self._prepare_image(frame, color_format)
         call = {**call, "color_format": order}
-        for size in self.batch_sizes:
-            self._predict([pixels] * size, call, size)
+        for _ in range(2):
+            for size in self.batch_sizes:
+                self._predict([pixels] * size, call, size)
+        compile_info = getattr(self.model, "compile_info", None)
+        if callable(compile_info) and compile_info()["mode"] is not False:
+            from libreyolo.engine.compiled import end_compile_workers
+
+            end_compile_workers()
 
     def submit(self, image: Any, **options: Any) -> concurrent.futures.Future:
         """Queue one image; the Future's result is its Results (or the exception of that image alone).
