@@ -251,6 +251,7 @@ COMPARE_OPTS: dict[str, Opt] = {
     "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine)"),
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
     "json": Opt(str, None, "also write the report as JSON to this path"),
+    "data": Opt(str, None, "INT8 artifacts: the dataset the export calibrated on (rebuilds the quantized reference)"),
 }
 
 
@@ -263,7 +264,7 @@ def cmd_compare(args: dict[str, Any]) -> int:
 
     if not args["model"] or not args["artifact"]:
         raise UsageError("compare needs model=<checkpoint .pt> and artifact=<exported file>")
-    report = compare(args["model"], args["artifact"], device=args["device"])
+    report = compare(args["model"], args["artifact"], device=args["device"], data=args["data"])
     print(report.text())
     if args["json"]:
         from libreyolo.checkpoint import atomic_write

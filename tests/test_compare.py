@@ -58,6 +58,13 @@ def test_compare_of_another_model_says_so_without_comparing_numbers(checkpoint_a
     assert "another model: nc 5 (checkpoint: 4)" in capsys.readouterr().out
 
 
+def test_compare_refuses_data_for_a_float_artifact_in_one_line(checkpoint_and_artifact, capsys):
+    ckpt, artifact, _ = checkpoint_and_artifact
+    assert main(["compare", f"model={ckpt}", f"artifact={artifact}", "data=coco8.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data= applies to INT8 artifacts only" in err[0] and "fp32" in err[0]
+
+
 @pytest.mark.parametrize("args", [["model=missing.pt", "artifact=x.onnx"], ["artifact=x.onnx"]])
 def test_compare_user_mistakes_exit_2_with_one_line(checkpoint_and_artifact, capsys, args):
     ckpt, _, _ = checkpoint_and_artifact

@@ -77,6 +77,36 @@ def test_int8_onnx_holds_int8_weights_and_runs_through_predict(demo_int8, shapes
     assert len(result.boxes) > 0
 
 
+def test_compare_judges_an_int8_artifact_against_the_quantized_model_rebuilt_from_its_data(demo_int8, shapes,
+                                                                                          tmp_path, capsys):
+    """``libreyolo compare`` of an INT8 artifact: without data= one clean line says what to pass (the
+    float model is not its reference: the raw check puts this correct artifact thousands of float32
+    allowances from it); with the export's dataset the checkpoint is calibrated again, the scales equal
+    the artifact's bit for bit, and the artifact passes; the same runtime 10% off fails; another
+    dataset's calibration is named as the reason without comparing numbers."""
+    from libreyolo import compare
+    from libreyolo.export.base import ExportOptions
+    from libreyolo.export.validate import validate_artifact
+
+    model, report = demo_int8
+    ckpt = str(Path(model.source))
+    assert cli_main(["compare", f"model={ckpt}", f"artifact={report.path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "INT8 artifact" in err[0] and "pass data=" in err[0]
+    float_ref = validate_artifact(model, get_exporter("onnx"), report.path, ExportOptions("onnx", IMGSZ))
+    assert float_ref.status == "failed"  # why the float model cannot be the reference
+    assert cli_main(["compare", f"model={ckpt}", f"artifact={report.path}", f"data={shapes}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("validation: passed") and "equal quantize()'s bit for bit" in out and "accuracy gate" in out
+    runtime = LibreYOLO(report.path)
+    forward = runtime._forward
+    runtime._forward = lambda x, **kw: {k: v * 1.1 for k, v in forward(x, **kw).items()}
+    assert compare(ckpt, runtime, data=shapes).status == "failed"
+    other = make_shapes_dataset(tmp_path / "other", n_train=5, n_val=3, imgsz=IMGSZ, seed=4)
+    wrong_data = compare(ckpt, report.path, data=other)
+    assert wrong_data.status == "failed" and "does not reproduce the export's" in wrong_data.text()
+
+
 @pytest.mark.parametrize("mutation", ["weight_scale", "weight_codes", "input_scale", "input_zero_point"])
 def test_a_changed_quantization_parameter_is_refused(demo_int8, shapes, tmp_path, mutation):
     import onnx

@@ -216,7 +216,7 @@ def _install(exporter: Exporter, built: Path, final: Path) -> None:
         raise
 
 
-def _int8_checks(exporter: Exporter, built: Path, opts: ExportOptions, report: ValidationReport) -> dict | None:
+def int8_checks(exporter: Exporter, built: Path, opts: ExportOptions, report: ValidationReport) -> dict | None:
     """An INT8 artifact's distance from the float model and its accuracy gate (None: it cannot run here)."""
     import importlib
 
@@ -344,7 +344,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                 report.notes.extend(exporter.report_notes(final, opts))
             gate = None
             if opts.int8:
-                gate = _int8_checks(exporter, built, opts, report)
+                gate = int8_checks(exporter, built, opts, report)
             meta["validation"] = report.to_dict()
             if gate is not None:
                 meta["validation"]["accuracy"] = gate
