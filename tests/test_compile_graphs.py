@@ -17,15 +17,13 @@ from libreyolo import SAMPLE_IMAGE
 from libreyolo.engine import compiled as compiled_mod
 from libreyolo.graphs.backend import EmulatedGraphBackend
 from tests.conftest import seeded_model
-from tests.test_compile import CONF, IMGSZ, _same_results, _skewed
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the test machine is shared
-    yield
-    torch.set_num_threads(before)
+from tests.test_compile import (
+    CONF,
+    IMGSZ,
+    _same_results,
+    _skewed,
+    one_thread,  # noqa: F401 - the same autouse fixture: one intra-op thread here too
+)
 
 
 def _graphed(compile_mode=True):
