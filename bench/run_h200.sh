@@ -14,6 +14,9 @@
 # the inference-copy and graph GPU tests next to them: at most 420 s (Inductor compiles from an empty cache).
 # compile-bench: bench/compile_bench.py, YOLOv9-t b1 and b8 fp16: eager, cuda_graph=True, compile=default,
 # compile=reduce-overhead (four compilations): at most 560 s.
+# cgraph / cprof / cbench: compile=True inside our graphs (GPU tests, compile_bench rows, profile, Batcher);
+# cfinal: GPU tests + the recorded serving run on compiled graphs (its first attempt did not come back);
+# cserve, cautotune: prepared for the next call (Batcher settings on compiled graphs; max-autotune in the graphs).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -273,4 +276,24 @@ if [ "$phase" = cfinal ]; then
     --clients 1,8,32,64 --requests 32 --size-table --compile true --stop-compile-workers \
     --out "$out/$day-serve-h200-compiled-graphs.json" > "$out/$day-serve-h200-compiled-graphs.log" 2>&1
   echo "serve rc=$?"; grep -E "^ +(1|2|4|8|16|32) |^(lock|batcher|32 clients)|Error" "$out/$day-serve-h200-compiled-graphs.log"
+fi
+if [ "$phase" = cserve ]; then
+  # (prepared, not yet run) the Batcher on compiled graphs at 32 clients under in_flight 1/2/3 and max_batch 16,
+  # then the recorded run of both modes on compiled graphs; compile workers ended after every warm-up
+  m=.gpushared/compat/checkpoints/yolo9-t-seed0.pt
+  for cfg in "--in-flight 1" "--in-flight 2" "--in-flight 3" "--max-batch 16"; do
+    tag=$(echo "x $cfg" | tr -c 'a-z0-9' '-' | sed 's/-\+/-/g; s/-$//')
+    timeout 100 python -u bench/serve_bench.py --half --model $m --clients 32 --requests 64 --modes batcher \
+      --batch-sizes 1,2,4,8,16,32 --compile true --stop-compile-workers $cfg \
+      --out "$out/$day-cserve-h200$tag.json" > "$out/$day-cserve-h200$tag.log" 2>&1
+    echo "cserve [$cfg] rc=$?"; grep -E "^batcher" "$out/$day-cserve-h200$tag.log" | tail -1
+  done
+fi
+if [ "$phase" = cautotune ]; then
+  # (prepared, not yet run) compile="max-autotune" inside our graphs (max-autotune-no-cudagraphs) at batch 1:
+  # Inductor benchmarks kernel choices for minutes (334 s for the bare network in limit-h200-2026-11-29.json)
+  timeout 560 python -u bench/compile_bench.py --batches 1 --rows graph,graph+compile:max-autotune --n 60 \
+    --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-autotune-h200.json" \
+    > "$out/$day-compile-graphs-autotune-h200.log" 2>&1
+  echo "autotune rc=$?"; tail -5 "$out/$day-compile-graphs-autotune-h200.log"
 fi
