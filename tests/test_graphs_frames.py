@@ -9,30 +9,12 @@ import pytest
 import torch
 
 from libreyolo.errors import ArgumentError
-from libreyolo.graphs import EmulatedGraphBackend
-from libreyolo.graphs.parity import seeded_model
+from tests import test_graphs
+
+# the same fixtures as tests/test_graphs.py: one intra-op thread, an emulated backend, a seeded YOLOv9-t on it
+one_thread, backend, model = test_graphs.one_thread, test_graphs.backend, test_graphs.model
 
 IMGSZ = 64
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def backend():
-    return EmulatedGraphBackend()
-
-
-@pytest.fixture
-def model(backend):
-    m = seeded_model("yolo9", "t", device="cpu")
-    m._graph_backend = backend
-    return m
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -64,11 +64,6 @@ def compare(model: Any, artifact: str | Path | Any, *, device: Any = None, data:
     if data is not None and not int8:
         raise ArgumentError(f"data= applies to INT8 artifacts only (it rebuilds their quantized reference); "
                             f"{runtime.path} is {meta.get('precision')}: drop data=")
-    if int8 and data is None:
-        origin = (meta.get("quantization") or {}).get("calibration", "not recorded")
-        raise ArgumentError(f"{runtime.path} is an INT8 artifact: it is compared with the quantized eager model, "
-                            f"whose scales come from calibrating on the export's images; pass data= with that "
-                            f"dataset (the export calibrated on: {origin})")
     opts = ExportOptions(meta["format"], int(meta["imgsz"]), int(meta["batch"]), dynamic,
                          bool(args.get("half", False)), nms=meta.get("nms") or None,
                          device=resolve_device(runtime.device),
@@ -78,6 +73,11 @@ def compare(model: Any, artifact: str | Path | Any, *, device: Any = None, data:
     reason = exporter.not_validated_reason(opts)
     if reason:
         return ValidationReport.not_run(reason)
+    if int8 and data is None:  # (an artifact that cannot run here needs no calibration data)
+        origin = (meta.get("quantization") or {}).get("calibration", "not recorded")
+        raise ArgumentError(f"{runtime.path} is an INT8 artifact: it is compared with the quantized eager model, "
+                            f"whose scales come from calibrating on the export's images; pass data= with that "
+                            f"dataset (the export calibrated on: {origin})")
     if model.device != opts.device:
         model = model.to(opts.device)
     if int8:

@@ -205,15 +205,17 @@ class Batcher:
 
     def warmup(self, image: Any = None, **options: Any) -> None:
         """Run every padded batch size (``image``: a mid-grey frame by default), so that with
-        ``cuda_graph=True`` each size's graphs are captured before the first request: twice, since
-        frames of one size are letterboxed inside the graph from their second batch. On a model with
+        ``cuda_graph=True`` each size's graphs are captured before the first request: as many times
+        as frames of one size take to be letterboxed inside the graph (``FRAMES_AFTER``). On a model with
         ``compile`` on, every size is compiled here, and Inductor's compile workers are ended after
         (:func:`libreyolo.engine.compiled.end_compile_workers`: they slow serving while they live)."""
         frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
         color_format, _, call = self._request_options(dict(options))
         pixels, _, order = self._prepare_image(frame, color_format)
         call = {**call, "color_format": order}
-        for _ in range(2):
+        from libreyolo.engine.pipeline import FRAMES_AFTER
+
+        for _ in range(max(1, FRAMES_AFTER)):
             for size in self.batch_sizes:
                 self._predict([pixels] * size, call, size)
         compile_info = getattr(self.model, "compile_info", None)
