@@ -16,7 +16,8 @@
 # compile=reduce-overhead (four compilations): at most 560 s.
 # cgraph / cprof / cbench: compile=True inside our graphs (GPU tests, compile_bench rows, profile, Batcher);
 # cfinal: GPU tests + the recorded serving run on compiled graphs (its first attempt did not come back);
-# cserve, cautotune: prepared for the next call (Batcher settings on compiled graphs; max-autotune in the graphs).
+# cserve, cautotune: prepared for the next call (Batcher settings on compiled graphs; max-autotune in the graphs);
+# pack: prepared (staging packed by numpy copies: pack bench, GPU tests, stream and serving figures).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -296,4 +297,19 @@ if [ "$phase" = cautotune ]; then
     --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-autotune-h200.json" \
     > "$out/$day-compile-graphs-autotune-h200.log" 2>&1
   echo "autotune rc=$?"; tail -5 "$out/$day-compile-graphs-autotune-h200.log"
+fi
+if [ "$phase" = pack ]; then
+  # (prepared) staging packed by numpy copies instead of torch's parallel copy_: the pack bench on this host (pinned
+  # buffers, idle and busy), the GPU tests of the paths that stage, then the throughput and serving figures it moves
+  timeout 120 python -u bench/staging_bench.py --workers 4,8 --json "$out/$day-staging-h200.json" \
+    > "$out/$day-staging-h200.log" 2>&1; echo "staging bench rc=$?"; cat "$out/$day-staging-h200.log"
+  timeout 150 python -m pytest -q -m gpu tests/test_stream_pipeline.py tests/test_serve.py tests/test_graphs_gpu.py \
+    -p no:cacheprovider > "$out/$day-gpu-tests-h200-pack.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-h200-pack.log" | tail -5
+  timeout 130 python -u bench/stream_bench.py --graphs true --workers 4 8 --n 512 --json "$out/$day-stream-h200-pack.json" \
+    > "$out/$day-stream-h200-pack.log" 2>&1; echo "stream bench rc=$?"; tail -12 "$out/$day-stream-h200-pack.log"
+  timeout 120 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 32 --requests 128 --modes batcher --size-table --batch-sizes 1,2,4,8,16,32 \
+    --out "$out/$day-serve27-h200-pack.json" > "$out/$day-serve27-h200-pack.log" 2>&1
+  echo "serve rc=$?"; grep -E "^ +(1|8|16|32) |^batcher|Error" "$out/$day-serve27-h200-pack.log"
 fi

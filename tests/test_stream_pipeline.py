@@ -156,6 +156,29 @@ def test_a_staging_buffer_is_never_rewritten_while_a_copy_may_still_read_it():
     assert pool.acquire(1000) is second  # the ready one is preferred over the busy one
 
 
+def test_pack_writes_every_image_at_its_offset_alone_and_split_over_threads(monkeypatch):
+    import libreyolo.engine.stream as stream
+
+    rng = np.random.default_rng(0)
+    images = [torch.from_numpy(rng.integers(0, 256, (9 + i, 13, 3), dtype=np.uint8)) for i in range(7)]
+    offsets, total = [], 0
+    for img in images:
+        offsets.append(total)
+        total += -(-img.numel() // 256) * 256  # aligned as stage() aligns them: gaps in between
+    parts = list(zip(images, offsets, strict=True))
+    for part_bytes in (stream.PACK_PART_BYTES, 1000):  # one thread; then split (1000 B per part)
+        monkeypatch.setattr(stream, "PACK_PART_BYTES", part_bytes)
+        monkeypatch.setattr(stream.os, "cpu_count", lambda: 4)
+        buffer = torch.full((total,), 7, dtype=torch.uint8)
+        stream.pack(buffer, parts)
+        written = torch.zeros(total, dtype=torch.bool)
+        for img, off in parts:
+            assert torch.equal(buffer[off:off + img.numel()], img.reshape(-1))
+            written[off:off + img.numel()] = True
+        assert bool((buffer[~written] == 7).all())  # nothing outside the images was touched
+    assert stream._PACKERS  # the split run used the pool
+
+
 def test_a_batch_too_big_for_staging_goes_image_by_image(model, plain, forced_staging):
     model._staging_pool().max_bytes = 1000
     _same(model.predict(ARRAYS, batch=3, workers=1, **KW), plain)
@@ -233,10 +256,15 @@ def test_decoding_runs_at_most_a_bounded_number_of_batches_ahead(model, tmp_path
 def test_closing_a_stream_early_stops_the_feeder_and_decode_threads(model, tmp_path):
     folder = _folder(tmp_path / "in", 12)
     run = model.predict(str(folder), batch=2, workers=2, stream=True, **FAST)
+    # (the process-wide packing pool, libreyolo-pack_*, is idle between calls and outlives them by design)
+    def ours() -> list[str]:
+        return [t.name for t in threading.enumerate()
+                if t.name.startswith("libreyolo-") and not t.name.startswith("libreyolo-pack")]
+
     next(run)
-    assert any(t.name.startswith("libreyolo-") for t in threading.enumerate())
+    assert ours()
     run.close()
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("libreyolo-")]
+    assert not ours()
 
 
 # --- CUDA: pinned memory, the side stream ---------------------------------------------------------------------

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from libreyolo.data.sources import SourceImage, Sources
@@ -168,6 +169,46 @@ class StagedBatch:
         return self.tensors
 
 
+PACK_PART_BYTES = 8 << 20  # a batch with more pixel bytes than this is packed by several threads
+PACK_THREADS = 4           # at most (and at most the CPUs)
+_PACKERS: list[Any] = []   # the packing thread pool, made on first use
+_PACK_LOCK = threading.Lock()
+
+
+def _copy_into(host: Any, parts: list[tuple[torch.Tensor, int]]) -> None:
+    for pixels, off in parts:
+        n = pixels.numel()
+        np.copyto(host[off:off + n], pixels.reshape(-1).numpy())
+
+
+def pack(buffer: torch.Tensor, parts: list[tuple[torch.Tensor, int]]) -> None:
+    """Copy 8-bit host images into a staging buffer at their offsets.
+
+    numpy copies (one thread each, the GIL released), not ``Tensor.copy_``: torch copies a large
+    tensor in a parallel region of all its intra-op threads, whose end waits, spinning, for the last
+    thread; when the host is busy (serving threads, Inductor's compile workers, another process) that
+    thread may be descheduled, and a 1 MB copy takes a scheduler slice (ms) instead of tens of us
+    (``bench/staging_bench.py``). A batch over :data:`PACK_PART_BYTES` is split by images over up to
+    :data:`PACK_THREADS` pool threads, which sleep, not spin, while they wait."""
+    host = buffer.numpy()
+    total = sum(p.numel() for p, _ in parts)
+    ways = min(PACK_THREADS, os.cpu_count() or 1, len(parts), max(1, total // PACK_PART_BYTES))
+    if ways <= 1:
+        _copy_into(host, parts)
+        return
+    if not _PACKERS:
+        with _PACK_LOCK:
+            if not _PACKERS:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _PACKERS.append(ThreadPoolExecutor(PACK_THREADS, thread_name_prefix="libreyolo-pack"))
+    share = -(-len(parts) // ways)
+    jobs = [_PACKERS[0].submit(_copy_into, host, parts[i:i + share]) for i in range(share, len(parts), share)]
+    _copy_into(host, parts[:share])  # the caller copies the first share itself
+    for job in jobs:
+        job.result()
+
+
 def stageable(img: SourceImage) -> bool:
     """Whether ``img`` can go through a staging buffer: 8-bit, contiguous, in host memory."""
     p = img.pixels
@@ -191,10 +232,7 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
     if slot is None:
         offsets = [None] * len(chunk)
     else:
-        host = slot.buffer
-        for img, off in zip(chunk, offsets, strict=True):
-            if off is not None:
-                host[off:off + img.pixels.numel()].copy_(img.pixels.view(-1))
+        pack(slot.buffer, [(img.pixels, off) for img, off in zip(chunk, offsets, strict=True) if off is not None])
     use_side = side is not None and device.type == "cuda"
     with torch.cuda.stream(side) if use_side else _nothing():
         owned: list[torch.Tensor] = []
