@@ -239,9 +239,11 @@ def test_in_flight_batches_run_at_once_and_each_caller_still_gets_its_result(mod
         Batcher(model, workers=4)
 
 
-def test_warmup_runs_every_size_twice_and_ends_compile_workers_only_after_compiling(model, frames, monkeypatch):
-    """Twice: frames of one size go into the graph from their second batch (docs/graphs.md). With
-    compile on, the warm-up compiled every size, so Inductor's workers are ended (they slow serving)."""
+def test_warmup_runs_every_size_three_times_and_ends_compile_workers_only_after_compiling(model, frames,
+                                                                                        monkeypatch):
+    """Twice: frames of one size go into the graph from their second batch (docs/graphs.md); then once
+    timed (the graphs captured). With compile on, the warm-up compiled every size, so Inductor's
+    workers are ended (they slow serving)."""
     from libreyolo.engine import compiled as compiled_mod
 
     ended, sizes = [], []
@@ -255,11 +257,38 @@ def test_warmup_runs_every_size_twice_and_ends_compile_workers_only_after_compil
 
     with Batcher(Counting(model), max_batch=4, imgsz=IMGSZ, conf=CONF) as batcher:
         batcher.warmup(frames[0])
-    assert sorted(sizes) == [1, 1, 2, 2, 4, 4] and ended == []
+        timed = batcher.stats()["batch_ms_by_size"]
+    assert sorted(sizes) == [1, 1, 1, 2, 2, 2, 4, 4, 4] and ended == []
+    assert set(timed) == {1, 2, 4} and all(ms > 0 for ms in timed.values())
     compiled = LibreYOLO("LibreYOLO9t-shapes.pt").compile(True)
     with Batcher(compiled, max_batch=1, imgsz=IMGSZ, conf=CONF) as batcher:
         batcher.warmup(frames[0])
     assert ended == [1] and compiled.compile_info()["copies"][0]["compiled"]
+
+
+def test_the_batch_taken_is_the_count_that_runs_the_most_images_per_second(model, frames):
+    with Batcher(model, max_batch=32, imgsz=IMGSZ, conf=CONF) as batcher:
+        assert batcher._take(17) == 17  # no batch times yet: all of them
+        for size, ms in {1: 2.9, 2: 3.3, 4: 3.5, 8: 4.9, 16: 7.1, 32: 13.2}.items():  # the H200's shape
+            batcher._timed(size, ms / 1e3)
+        # 17 padded to 32 runs 1.3 images/ms, 16 alone 2.3; 31 of 32 beat 16 of 16; 3 padded to 4 beat 2
+        assert [batcher._take(n) for n in (1, 3, 5, 17, 24, 31, 32, 40)] == [1, 3, 4, 16, 16, 31, 32, 32]
+    # in a queue: 5 requests wait behind a held batch; with a padded 8 as dear as four 4s, a 4 and a 1 run
+    gated = Gated(model, hold=True)
+    sizes: list[int] = []
+    gated_predict = gated.predict
+    gated.predict = lambda images, **kw: sizes.append(len(images)) or gated_predict(images, **kw)
+    want = [model(frames[k % 4], imgsz=IMGSZ, conf=CONF) for k in range(6)]
+    with Batcher(gated, max_batch=8, max_wait_ms=0, in_flight=1, imgsz=IMGSZ, conf=CONF) as batcher:
+        for size, seconds in {1: 1.0, 2: 1.0, 4: 1.0, 8: 4.0}.items():
+            batcher._timed(size, seconds)
+        first = batcher.submit(frames[0])
+        assert gated.entered.wait(30)
+        rest = [batcher.submit(frames[k % 4]) for k in range(1, 6)]
+        gated.release.set()
+        got = [first.result(60)] + [f.result(60) for f in rest]
+    assert sizes == [1, 4, 1]
+    assert all(same(g, w) for g, w in zip(got, want, strict=True))
 
 
 def test_a_lone_request_does_not_wait_for_company_that_is_not_coming(model, frames):

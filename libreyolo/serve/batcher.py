@@ -17,12 +17,19 @@ thread-safe, and a CUDA graph's replay lock is held only while it is enqueued).
 A lone request waits for company only when the traffic says company is coming: when the batch
 before it had more than one request, or another request is already queued. A single client
 therefore never pays ``max_wait_ms``; under load the batches fill as before.
+
+Padding is not free: 17 requests padded to a batch of 32 cost a forward of 32. The Batcher times
+each padded size (the median wall time of its recent batches, from :meth:`warmup` on), and once
+every size has been timed it takes from the queue the count that runs at the most images per
+second: all of them, or a smaller padded size filled exactly, leaving the rest for the next batch
+(another worker's, with ``in_flight`` > 1). Before that (no warm-up yet) it takes all of them.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
+import statistics
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +42,7 @@ from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
 from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
 
 _KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
+_TIMED = 15     # recent batch times kept per padded size (their median is the size's cost)
 
 
 class BatcherClosed(LibreYOLOError, RuntimeError):
@@ -110,6 +118,8 @@ class Batcher:
         self._latency: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._wait: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._by_size: collections.Counter[int] = collections.Counter()
+        self._seconds = {size: collections.deque(maxlen=_TIMED) for size in self.batch_sizes}  # recent batch times
+        self._cost: dict[int, float] = {}  # padded size -> median of those seconds
         self._last_group = 1  # size of the batch formed last: a lone request waits only after a shared one
         self._workers = [threading.Thread(target=self._run, name=f"libreyolo-batcher-{i}", daemon=True)
                          for i in range(self.in_flight)]
@@ -206,7 +216,8 @@ class Batcher:
     def warmup(self, image: Any = None, **options: Any) -> None:
         """Run every padded batch size (``image``: a mid-grey frame by default), so that with
         ``cuda_graph=True`` each size's graphs are captured before the first request: as many times
-        as frames of one size take to be letterboxed inside the graph (``FRAMES_AFTER``). On a model with
+        as frames of one size take to be letterboxed inside the graph (``FRAMES_AFTER``), then once
+        more, timed (the sizes' first costs: see the module docstring). On a model with
         ``compile`` on, every size is compiled here, and Inductor's compile workers are ended after
         (:func:`libreyolo.engine.compiled.end_compile_workers`: they slow serving while they live)."""
         frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
@@ -215,9 +226,13 @@ class Batcher:
         call = {**call, "color_format": order}
         from libreyolo.engine.pipeline import FRAMES_AFTER
 
-        for _ in range(max(1, FRAMES_AFTER)):
+        rounds = max(1, FRAMES_AFTER)
+        for i in range(rounds + 1):  # the last round, graphs captured, times every size
             for size in self.batch_sizes:
+                start = time.perf_counter()
                 self._predict([pixels] * size, call, size)
+                if i == rounds:
+                    self._timed(size, time.perf_counter() - start)
         compile_info = getattr(self.model, "compile_info", None)
         if callable(compile_info) and compile_info()["mode"] is not False:
             from libreyolo.engine.compiled import end_compile_workers
@@ -273,13 +288,33 @@ class Batcher:
                 if self._queue:  # else another worker took them while this one waited: start over
                     break
             key = self._queue[0].key
+            take = self._take(sum(1 for r in self._queue if r.key == key))
             group, rest = [], collections.deque()
             while self._queue:
                 r = self._queue.popleft()
-                (group if r.key == key and len(group) < self.max_batch else rest).append(r)
+                (group if r.key == key and len(group) < take else rest).append(r)
             self._queue = rest
             self._last_group = len(group)
         return [r for r in group if r.future.set_running_or_notify_cancel()]  # drop cancelled ones
+
+    def _padded(self, n: int) -> int:
+        return next(s for s in self.batch_sizes if s >= n)
+
+    def _take(self, queued: int) -> int:
+        """How many of ``queued`` requests of one option set to run now (called under the lock): all
+        of them (at most ``max_batch``), or fewer where a smaller padded size filled exactly runs
+        more images per second by the measured batch times. All of them until every size is timed."""
+        n = min(queued, self.max_batch)
+        cost = self._cost
+        if len(cost) < len(self.batch_sizes):
+            return n
+        return max([n, *(s for s in self.batch_sizes if s < n)], key=lambda k: k / cost[self._padded(k)])
+
+    def _timed(self, size: int, seconds: float) -> None:
+        with self._cond:
+            times = self._seconds[size]
+            times.append(seconds)
+            self._cost[size] = statistics.median(times)
 
     def _run(self) -> None:
         while True:
@@ -297,10 +332,11 @@ class Batcher:
 
     def _run_group(self, group: list[_Request]) -> None:
         start = time.perf_counter()
-        size = next(s for s in self.batch_sizes if s >= len(group))
+        size = self._padded(len(group))
         images = [r.image for r in group] + [group[-1].image] * (size - len(group))
         try:
             results = self._predict(images, group[0].call, size)
+            self._timed(size, time.perf_counter() - start)
             outcomes: list[tuple[Any, BaseException | None]] = [(r, None) for r in results[:len(group)]]
         except Exception:  # one image may be the culprit: run each alone so only it fails
             self._counts["retried_batches"] += 1
@@ -338,18 +374,21 @@ class Batcher:
     # --- state ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Requests, batches, mean batch (real images per forward), padding, queue wait and latency
-        (mean, p50, p99 in ms over the last 10,000 requests), batches per padded size."""
+        (mean, p50, p99 in ms over the last 10,000 requests), batches per padded size and the
+        median time of a batch of each size (ms, its recent batches)."""
         with self._cond:
             c = dict(self._counts)
             lat, wait = np.array(self._latency) * 1e3, np.array(self._wait) * 1e3
             by_size = dict(sorted(self._by_size.items()))
+            size_ms = {size: round(t * 1e3, 3) for size, t in sorted(self._cost.items())}
             queued = len(self._queue)
 
         def pct(a: np.ndarray, q: float) -> float | None:
             return round(float(np.percentile(a, q)), 3) if a.size else None
 
         return {**c, "queued": queued, "mean_batch": round(c["images"] / c["batches"], 3) if c["batches"] else None,
-                "batches_by_size": by_size, "queue_wait_ms_mean": round(float(wait.mean()), 3) if wait.size else None,
+                "batches_by_size": by_size, "batch_ms_by_size": size_ms,
+                "queue_wait_ms_mean": round(float(wait.mean()), 3) if wait.size else None,
                 "queue_wait_ms_p50": pct(wait, 50), "latency_ms_p50": pct(lat, 50), "latency_ms_p99": pct(lat, 99),
                 "max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms, "batch_sizes": list(self.batch_sizes),
                 "in_flight": self.in_flight,
