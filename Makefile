@@ -27,7 +27,7 @@ demo: venv
 	$(BIN)/libreyolo predict model=out/LibreYOLO9t-shapes.onnx source=libreyolo/assets/shapes.jpg save_dir=out
 
 test: venv
-	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" --durations=15 tests
+	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" --durations=30 tests
 
 lint: venv
 	$(BIN)/ruff check libreyolo tests examples bench

@@ -5,10 +5,12 @@ every decoded detection must match directly, not merely be explained by a tie sw
 architecture is not such a model: its scores sit on the class-bias prior and thousands of
 candidates are tied to 1e-6, so which of them survive depends on float rounding; the validator's
 tie-aware matcher is what handles that case.)
+
+ExecuTorch is held to the same bar in ``tests/test_export_executorch.py`` (its shared artifact of a
+seeded YOLOv9-t must match eager's 300 detections at conf 0.25 box for box, no tie swaps), so a
+second lowering here (about a minute on 2 cores) is not repeated.
 """
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 
@@ -45,11 +47,4 @@ def _assert_identical(model, report):
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_onnx_detections_identical_to_eager(untrained, tmp_path, dynamic):
     report = untrained.export(format="onnx", imgsz=IMGSZ, dynamic=dynamic, output=tmp_path / "m.onnx", verbose=False)
-    _assert_identical(untrained, report)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("executorch") is None,
-                    reason="executorch not installed (pip install 'libreyolo[executorch]')")
-def test_executorch_detections_identical_to_eager(untrained, tmp_path):
-    report = untrained.export(format="executorch", imgsz=IMGSZ, output=tmp_path / "m.pte", verbose=False)
     _assert_identical(untrained, report)
