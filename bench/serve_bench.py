@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                    "batched_exact": batched_exactness(outputs, by_size, sizes), "machine_busy_cores": machine_busy}
             if batcher:
                 row.update(mean_batch=stats["mean_batch"], queue_wait_ms_mean=stats["queue_wait_ms_mean"],
-                           batches_by_size=stats["batches_by_size"])
+                           batches_by_size=stats["batches_by_size"], batch_ms_by_size=stats["batch_ms_by_size"])
             rows.append(row)
             print(f"{mode:<8} {n:>7} {row['req_per_s']:>9.1f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
                   f"{row.get('mean_batch') or 1:>6.2f} {row.get('queue_wait_ms_mean') or 0:>8.2f} "
