@@ -169,7 +169,7 @@ class StagedBatch:
         return self.tensors
 
 
-PACK_PART_BYTES = 8 << 20  # a batch with more pixel bytes than this is packed by several threads
+PACK_PART_BYTES = 4 << 20  # the least pixel bytes one packing thread is given
 PACK_THREADS = 4           # at most (and at most the CPUs)
 _PACKERS: list[Any] = []   # the packing thread pool, made on first use
 _PACK_LOCK = threading.Lock()
@@ -188,8 +188,8 @@ def pack(buffer: torch.Tensor, parts: list[tuple[torch.Tensor, int]]) -> None:
     tensor in a parallel region of all its intra-op threads, whose end waits, spinning, for the last
     thread; when the host is busy (serving threads, Inductor's compile workers, another process) that
     thread may be descheduled, and a 1 MB copy takes a scheduler slice (ms) instead of tens of us
-    (``bench/staging_bench.py``). A batch over :data:`PACK_PART_BYTES` is split by images over up to
-    :data:`PACK_THREADS` pool threads, which sleep, not spin, while they wait."""
+    (``bench/staging_bench.py``). A batch of two :data:`PACK_PART_BYTES` or more is split by images into
+    parts of at least that over up to :data:`PACK_THREADS` pool threads, which sleep, not spin, while they wait."""
     host = buffer.numpy()
     total = sum(p.numel() for p, _ in parts)
     ways = min(PACK_THREADS, os.cpu_count() or 1, len(parts), max(1, total // PACK_PART_BYTES))
