@@ -4,7 +4,8 @@
     PYTHONPATH=. python3 bench/compile_bench.py --quick          # a smoke run on the CPU, in seconds
 
 YOLOv9-t (untrained, 80 classes, with the class-bias prior of an untrained detector so that few
-boxes pass ``conf``, as in bench/stream_bench.py), fp16 on CUDA (fp32 on the CPU), one host uint8
+boxes pass ``conf``, as in bench/stream_bench.py; ``--model`` another checkpoint or architecture, e.g.
+LibreRTDETRr34.yaml), fp16 on CUDA (``--fp32``: fp32; fp32 on the CPU), one host uint8
 480x640 BGR frame per image (``predict(frame)`` at batch 1, ``predict([frame] * b, batch=b)``
 above), ``workers=0`` (the plain path: one call is one batch). Rows, each on a fresh model:
 
@@ -100,8 +101,13 @@ def timed(call, cuda: bool) -> float:
 
 
 def run_row(name: str, batch: int, args: argparse.Namespace, cuda: bool) -> dict:
-    model = sparse_model(args.device, args.imgsz)
-    if cuda:
+    if args.model:
+        from libreyolo import LibreYOLO
+
+        model = LibreYOLO(args.model, device=args.device)
+    else:
+        model = sparse_model(args.device, args.imgsz)
+    if cuda and not args.fp32:
         model.half()
     graphed, _, mode = name.partition("compile:")
     kw = {"imgsz": args.imgsz, "workers": 0, "cuda_graph": name.startswith("graph")}
@@ -171,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: fp32, imgsz 64, batch 1, few calls")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--model", default=None,
+                    help="checkpoint or architecture yaml (default: the untrained YOLOv9-t with the detection prior)")
+    ap.add_argument("--fp32", action="store_true", help="fp32 on CUDA too (default there: fp16)")
     ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     ap.add_argument("--rows", default="eager,graph,compile:default,compile:reduce-overhead",
                     help="comma-separated rows: eager, graph, compile:<mode>, graph+compile:<mode>")
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
     rows: list[dict] = []
-    precision = "fp16" if cuda else "fp32"
+    precision = "fp16" if cuda and not args.fp32 else "fp32"
     result = {**env, "precision": precision, "imgsz": args.imgsz, "rows": rows}
     for b in (int(x) for x in args.batches.split(",")):
         for name in rows_wanted:
@@ -204,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:  # rewritten after every row: a run cut short keeps what it measured
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nYOLOv9-t {precision} imgsz {args.imgsz}, predict(one 480x640 uint8 frame per image), workers=0 "
-          f"({env['device']}, torch {env['torch']})")
+    print(f"\n{args.model or 'YOLOv9-t'} {precision} imgsz {args.imgsz}, predict(one 480x640 uint8 frame per image), "
+          f"workers=0 ({env['device']}, torch {env['torch']})")
     print(f"{'batch':>5} | {'row':<24} | {'first call s':>12} | {'median ms':>9} | {'p90 ms':>8} | {'img/s':>7} | "
           f"{'x eager':>7} | compiled")
     eager = {r["batch"]: r["median_ms"] for r in rows if r["row"] == "eager"}

@@ -17,7 +17,8 @@
 # cgraph / cprof / cbench: compile=True inside our graphs (GPU tests, compile_bench rows, profile, Batcher);
 # cfinal: GPU tests + the recorded serving run on compiled graphs (its first attempt did not come back);
 # cserve, cautotune: prepared for the next call (Batcher settings on compiled graphs; max-autotune in the graphs);
-# pack: prepared (staging packed by numpy copies: pack bench, GPU tests, stream and serving figures).
+# pack: prepared (staging packed by numpy copies: pack bench, GPU tests, stream and serving figures);
+# detr26: prepared (rtdetr-r34 / dfine-s b1 fp32, graphs with and without compile, the reference b1 rows).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -312,4 +313,19 @@ if [ "$phase" = pack ]; then
     --clients 32 --requests 128 --modes batcher --size-table --batch-sizes 1,2,4,8,16,32 \
     --out "$out/$day-serve27-h200-pack.json" > "$out/$day-serve27-h200-pack.log" 2>&1
   echo "serve rc=$?"; grep -E "^ +(1|8|16|32) |^batcher|Error" "$out/$day-serve27-h200-pack.log"
+fi
+if [ "$phase" = detr26 ]; then
+  # (prepared) issue 26 item 4: rtdetr-r34 and dfine-s at batch 1, fp32: our graphs with and without the compiled
+  # network (compile_bench --model), then serving_bench's b1 rows with the reference in the same call
+  for m in LibreRTDETRr34.yaml LibreDFINEs.yaml; do
+    tag=$(echo "$m" | tr 'A-Z' 'a-z' | sed 's/^libre//; s/\.yaml$//')
+    timeout 170 python -u bench/compile_bench.py --model $m --fp32 --batches 1 --rows graph,graph+compile:default \
+      --n 60 --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-$tag-h200.json" \
+      > "$out/$day-compile-graphs-$tag-h200.log" 2>&1
+    echo "compile bench $m rc=$?"; tail -4 "$out/$day-compile-graphs-$tag-h200.log"
+  done
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
+    --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200.json" > "$out/$day-serving-b1-h200.log" 2>&1
+  echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200.log"
 fi
