@@ -103,6 +103,27 @@ def test_staged_batches_equal_per_image_uploads_bit_for_bit(model, plain, forced
     assert model._staging_pool().allocations == 1
 
 
+def test_frames_letterboxed_in_the_graph_launch_no_per_image_reorder(forced_staging, monkeypatch):
+    """A batch of same-size BGR frames goes into the letterbox+pipeline graph as one (B, H, W, 3) view
+    of the upload; its per-image CHW RGB copies (a flip each, on the device) are never made."""
+    from libreyolo.engine.pipeline import FRAMES_AFTER
+    from libreyolo.graphs.backend import EmulatedGraphBackend
+
+    graphed = LibreYOLO("LibreYOLO9t-shapes.pt")
+    graphed._graph_backend = EmulatedGraphBackend()
+    monkeypatch.setattr(predictor_mod, "side_stream", lambda device: None)
+    staged, real = [], predictor_mod.stage
+    monkeypatch.setattr(predictor_mod, "stage", lambda *a, **k: staged.append(real(*a, **k)) or staged[-1])
+    frames = [ARRAYS[3]] * 3  # BGR (the default color_format), one size
+    kw = {"batch": 3, "workers": 0, "cuda_graph": True, "imgsz": IMGSZ, "conf": 0.01}
+    for _ in range(FRAMES_AFTER + 1):
+        got = graphed.predict(frames, **kw)
+    assert "letterbox+pipeline" in {g["program"] for g in graphed.graph_info()["graphs"]}
+    assert staged[-1].uniform is not None and staged[-1]._tensors is None
+    assert staged[0]._tensors is not None  # the first batch of a size is letterboxed outside: reordered
+    _same(got, graphed.predict(frames, batch=3, workers=0, imgsz=IMGSZ, conf=0.01))
+
+
 def test_tensor_and_float_inputs_skip_staging_and_still_agree(model, plain, forced_staging):
     mixed = [ARRAYS[0], torch.from_numpy(ARRAYS[1]).permute(2, 0, 1).float() / 255, ARRAYS[2],
              torch.from_numpy(ARRAYS[3]).permute(2, 0, 1), *ARRAYS[4:]]  # float, CHW (a strided view)

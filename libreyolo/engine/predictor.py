@@ -314,12 +314,14 @@ class Predictor:
         postprocessing); the returned call reads it back and makes its Results."""
         device = self.device if device is None else device
         clock = StageClock(device, t0)
-        tensors = staged.ready(device) if staged is not None else [img.to_device(device) for img in chunk]
+        if staged is not None:
+            staged.wait(device)
         pre, dtype = self._preprocessor(imgsz), self._input_dtype(half)
         started = None
         if staged is not None and staged.uniform is not None and cuda_graph:
             started = self._infer_frames_start(staged.uniform, pre, dtype, clock, cuda_graph=cuda_graph, opts=opts)
-        if started is None:
+        if started is None:  # (a staged batch's images are reordered to CHW RGB only here)
+            tensors = staged.tensors if staged is not None else [img.to_device(device) for img in chunk]
             batch, metas = pre(tensors, dtype=dtype)
             clock.mark()  # preprocessing enqueued
             read = self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)

@@ -37,7 +37,8 @@ from libreyolo.data.sources import SourceImage, Sources
 
 BATCHES_IN_FLIGHT = 3  # read back + running + being decoded/uploaded: the host memory bound, in batches
 DEFAULT_WORKERS = 4    # decode threads on CUDA when predict() is given no ``workers``
-_ALIGN = 256           # bytes: each image's offset in a staging buffer (device views start aligned)
+_ALIGN = 256           # bytes: each image's offset in a staging buffer (device views start aligned), except
+                       # in a batch of same-size HWC frames, packed back to back as one (B, H, W, 3) array
 
 
 def resolve_workers(workers: int | None, device: torch.device) -> int:
@@ -148,24 +149,41 @@ class StagingPool:
 
 @dataclass
 class StagedBatch:
-    """A batch's images on the device (CHW RGB views), and what the compute stream must wait for."""
+    """A batch's images on the device, and what the compute stream must wait for.
 
-    tensors: list[torch.Tensor]
+    ``uploaded`` holds, per image, either its tensor as :meth:`SourceImage.to_device` made it, or
+    (image, view of the staging upload in the image's own layout): such a view is reordered to CHW
+    RGB (:meth:`SourceImage.orient`, a device copy for BGR) only when :attr:`tensors` is first read,
+    so a batch that a whole-pipeline graph letterboxes from :attr:`uniform` launches no reorder."""
+
+    uploaded: list[Any]
     event: Any = None                       # the upload's completion (CUDA), None when already done
     owned: list[torch.Tensor] = field(default_factory=list)  # device memory allocated on the side stream
     # (frames, bgr): the whole batch as one (B, H, W, 3) view of the upload, when every image is an
     # 8-bit HWC frame of one size and channel order (what a whole-pipeline graph can letterbox itself)
     uniform: tuple[torch.Tensor, bool] | None = None
+    _tensors: list[torch.Tensor] | None = None
 
-    def ready(self, device: torch.device) -> list[torch.Tensor]:
-        """The tensors, safe to use on ``device``'s current stream: it waits for the upload, and the
-        caching allocator is told that stream uses the side stream's memory (``record_stream``)."""
+    def wait(self, device: torch.device) -> None:
+        """Make the upload safe to use on ``device``'s current stream: it waits for the upload, and
+        the caching allocator is told that stream uses the side stream's memory (``record_stream``)."""
         if self.event is not None:
             current = torch.cuda.current_stream(device)
             current.wait_event(self.event)
             for t in self.owned:
                 t.record_stream(current)
             self.event = None
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The images as CHW RGB tensors (reordered on the stream current at the first read)."""
+        if self._tensors is None:
+            self._tensors = [u if isinstance(u, torch.Tensor) else u[0].orient(u[1]) for u in self.uploaded]
+        return self._tensors
+
+    def ready(self, device: torch.device) -> list[torch.Tensor]:
+        """:meth:`wait`, then :attr:`tensors`."""
+        self.wait(device)
         return self.tensors
 
 
@@ -219,13 +237,20 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
           side: Any = None) -> StagedBatch:
     """``chunk``'s images on ``device``: the 8-bit ones packed into one staging buffer and copied
     in one transfer (on the ``side`` stream, when given), the others one by one as
-    :meth:`SourceImage.to_device` sends them. The same bytes, reordered by the same code."""
+    :meth:`SourceImage.to_device` sends them. The same bytes, reordered by the same code. Frames of
+    one size and channel order lie back to back, so the batch is also one (B, H, W, 3) view
+    (:attr:`StagedBatch.uniform`, what a whole-pipeline graph letterboxes itself) whatever the size."""
     offsets: list[int | None] = []
     total = 0
+    first = chunk[0] if chunk else None
+    frames = first is not None and all(  # same-size frames go back to back: one (B, H, W, 3) view, any size
+        stageable(img) and img.hwc and img.bgr == first.bgr and img.pixels.shape == first.pixels.shape
+        for img in chunk)
     for img in chunk:
         if stageable(img):
             offsets.append(total)
-            total += -(-img.pixels.numel() // _ALIGN) * _ALIGN
+            n = img.pixels.numel()
+            total += n if frames else -(-n // _ALIGN) * _ALIGN
         else:
             offsets.append(None)
     slot = pool.acquire(total) if total else None
@@ -243,7 +268,7 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
             owned.append(flat)
             for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
                 if off is not None:
-                    tensors[i] = img.orient(flat[off:off + img.pixels.numel()].view(img.pixels.shape))
+                    tensors[i] = (img, flat[off:off + img.pixels.numel()].view(img.pixels.shape))
         for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
             if off is None:
                 t = img.to_device(device)
