@@ -18,7 +18,8 @@
 # cfinal: GPU tests + the recorded serving run on compiled graphs (its first attempt did not come back);
 # cserve, cautotune: prepared for the next call (Batcher settings on compiled graphs; max-autotune in the graphs);
 # pack: prepared (staging packed by numpy copies: pack bench, GPU tests, stream and serving figures);
-# detr26: prepared (rtdetr-r34 / dfine-s b1 fp32, graphs with and without compile, the reference b1 rows).
+# detr26: prepared (rtdetr-r34 / dfine-s b1 fp32, graphs with and without compile, the reference b1 rows);
+# stream26: prepared (stream bench at b32 with the compiled network in the graphs: arrays and JPEG files).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -328,4 +329,11 @@ if [ "$phase" = detr26 ]; then
   timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
     --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200.json" > "$out/$day-serving-b1-h200.log" 2>&1
   echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200.log"
+fi
+if [ "$phase" = stream26 ]; then
+  # (prepared) issue 26 targets at b32 fp16: arrays >= 3,000 images/s, JPEG files with stream=True >= 2,000: the
+  # stream bench with the compiled network in the graphs (plain path and the pipeline with 4 and 8 decode threads)
+  timeout 400 python -u bench/stream_bench.py --graphs true --workers 4 8 --n 1024 --compile true \
+    --json "$out/$day-stream-h200-compiled.json" > "$out/$day-stream-h200-compiled.log" 2>&1
+  echo "stream compiled rc=$?"; tail -12 "$out/$day-stream-h200-compiled.log"
 fi

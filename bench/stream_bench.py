@@ -16,7 +16,7 @@ read back before the next batch is enqueued) and with each ``--workers`` value (
 staging, side-stream upload, deferred read-back; :mod:`libreyolo.engine.stream`), eager and
 with ``cuda_graph=True``. Reported: images/s (median of ``--repeats`` full passes after a
 warm-up pass), and the graphed network forward alone at the same batch for reference (the
-ceiling the pipeline approaches). Prints a table and writes JSON (device, torch, command).
+ceiling the pipeline approaches). ``--compile true`` runs it all with the compiled network in the graphs. Prints a table and writes JSON (device, torch, command).
 """
 from __future__ import annotations
 
@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sources", nargs="+", default=["arrays", "jpeg"], choices=["arrays", "jpeg"])
     ap.add_argument("--graphs", nargs="+", default=["false", "true"], choices=["false", "true"])
     ap.add_argument("--conf", type=float, default=0.25)
+    ap.add_argument("--compile", default=None,
+                    help="model.compile(MODE) ('true' for the default): the graphs hold the compiled network; "
+                         "Inductor's compile workers are ended after each row's warm-up pass")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 12 small frames, batch 4, imgsz 64")
     args = ap.parse_args(argv)
     if args.quick:
@@ -128,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
     model = sparse_model(device, args.imgsz)
+    if args.compile:
+        model.compile(True if args.compile == "true" else args.compile)
     images = frames(args.n, h, w)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
                     kw = {"imgsz": args.imgsz, "batch": args.batch, "half": half, "conf": args.conf,
                           "cuda_graph": graph, "workers": workers}
                     run_pass(model, source, kw, cuda)  # warm-up: captures, copies, staging buffers
+                    if args.compile:  # (compiled in the warm-up; its worker pool slows the host while it lives)
+                        from libreyolo.engine.compiled import end_compile_workers
+
+                        end_compile_workers()
                     times = []
                     for _ in range(args.repeats):
                         seconds, seen = run_pass(model, source, kw, cuda)
@@ -156,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                     print("row " + json.dumps(row), flush=True)
     forward = {f"graph={g}": forward_rate(model, args.batch, args.imgsz, half, g, args.repeats) for g in graphs}
     result = {**env, "precision": "fp16" if half else "fp32", "rows": rows, "forward_images_per_s": forward}
+    if args.compile:
+        result["compile_info"] = model.compile_info()
     plain = {(r["source"], r["cuda_graph"]): r["images_per_s"] for r in rows if r["workers"] == 0}
     print(f"\nYOLOv9-t b{args.batch} {result['precision']} imgsz {args.imgsz}, {args.n} frames of {w}x{h}, "
           f"stream=True ({env['device']}, torch {env['torch']})")
@@ -167,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     print("network forward alone (images/s):", forward)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
 
 
