@@ -103,9 +103,11 @@ def test_staged_batches_equal_per_image_uploads_bit_for_bit(model, plain, forced
     assert model._staging_pool().allocations == 1
 
 
-def test_frames_letterboxed_in_the_graph_launch_no_per_image_reorder(forced_staging, monkeypatch):
-    """A batch of same-size BGR frames goes into the letterbox+pipeline graph as one (B, H, W, 3) view
-    of the upload; its per-image CHW RGB copies (a flip each, on the device) are never made."""
+def test_a_batch_of_same_size_frames_is_letterboxed_whole_without_per_image_reorders(forced_staging, monkeypatch):
+    """Same-size BGR frames (54x33: their bytes no multiple of the 256-byte alignment) are staged back to
+    back as one (B, H, W, 3) view and letterboxed whole (Letterbox.place_batch), eagerly and inside the
+    letterbox+pipeline graph: the per-image CHW RGB copies (a flip each, on the device) are never made,
+    and the detections equal the plain per-image path's bit for bit."""
     from libreyolo.engine.pipeline import FRAMES_AFTER
     from libreyolo.graphs.backend import EmulatedGraphBackend
 
@@ -115,13 +117,17 @@ def test_frames_letterboxed_in_the_graph_launch_no_per_image_reorder(forced_stag
     staged, real = [], predictor_mod.stage
     monkeypatch.setattr(predictor_mod, "stage", lambda *a, **k: staged.append(real(*a, **k)) or staged[-1])
     frames = [ARRAYS[3]] * 3  # BGR (the default color_format), one size
-    kw = {"batch": 3, "workers": 0, "cuda_graph": True, "imgsz": IMGSZ, "conf": 0.01}
+    kw = {"batch": 3, "workers": 0, "imgsz": IMGSZ, "conf": 0.01}
+    eager = graphed.predict(frames, **kw)
     for _ in range(FRAMES_AFTER + 1):
-        got = graphed.predict(frames, **kw)
+        got = graphed.predict(frames, cuda_graph=True, **kw)
     assert "letterbox+pipeline" in {g["program"] for g in graphed.graph_info()["graphs"]}
-    assert staged[-1].uniform is not None and staged[-1]._tensors is None
-    assert staged[0]._tensors is not None  # the first batch of a size is letterboxed outside: reordered
-    _same(got, graphed.predict(frames, batch=3, workers=0, imgsz=IMGSZ, conf=0.01))
+    assert len(staged) == FRAMES_AFTER + 2 and all(b.uniform is not None and b._tensors is None for b in staged)
+    monkeypatch.setattr(predictor_mod, "staging_wanted", lambda device: False)
+    plain = graphed.predict(frames, **kw)  # per-image uploads, reorders and letterbox
+    assert len(staged) == FRAMES_AFTER + 2
+    _same(eager, plain)
+    _same(got, plain)
 
 
 def test_tensor_and_float_inputs_skip_staging_and_still_agree(model, plain, forced_staging):

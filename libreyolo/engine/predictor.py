@@ -320,9 +320,13 @@ class Predictor:
         started = None
         if staged is not None and staged.uniform is not None and cuda_graph:
             started = self._infer_frames_start(staged.uniform, pre, dtype, clock, cuda_graph=cuda_graph, opts=opts)
-        if started is None:  # (a staged batch's images are reordered to CHW RGB only here)
-            tensors = staged.tensors if staged is not None else [img.to_device(device) for img in chunk]
-            batch, metas = pre(tensors, dtype=dtype)
+        if started is None:
+            if staged is not None and staged.uniform is not None and callable(getattr(pre, "place_batch", None)):
+                frames, bgr = staged.uniform  # one batched letterbox, the per-image path's numbers
+                batch, metas = pre.place_batch(frames, bgr, dtype), pre.metas_for(*frames.shape[1:3], len(chunk))
+            else:
+                tensors = staged.tensors if staged is not None else [img.to_device(device) for img in chunk]
+                batch, metas = pre(tensors, dtype=dtype)
             clock.mark()  # preprocessing enqueued
             read = self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
         else:

@@ -151,10 +151,11 @@ class StagingPool:
 class StagedBatch:
     """A batch's images on the device, and what the compute stream must wait for.
 
-    ``uploaded`` holds, per image, either its tensor as :meth:`SourceImage.to_device` made it, or
-    (image, view of the staging upload in the image's own layout): such a view is reordered to CHW
-    RGB (:meth:`SourceImage.orient`, a device copy for BGR) only when :attr:`tensors` is first read,
-    so a batch that a whole-pipeline graph letterboxes from :attr:`uniform` launches no reorder."""
+    ``uploaded`` holds, per image, its CHW RGB tensor, or for a :attr:`uniform` batch (image, view of
+    the staging upload in the image's own layout): such a view is reordered to CHW RGB
+    (:meth:`SourceImage.orient`, a device copy for BGR) only when :attr:`tensors` is first read,
+    and a uniform batch is letterboxed whole (``Letterbox.place_batch``, in a graph or not), so it
+    launches no per-image reorder."""
 
     uploaded: list[Any]
     event: Any = None                       # the upload's completion (CUDA), None when already done
@@ -274,13 +275,18 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
                 t = img.to_device(device)
                 owned.append(t)
                 tensors[i] = t
+        uniform = _uniform(chunk, offsets, owned[0] if slot else None)
+        if uniform is None:  # reordered here (on the side stream); a uniform batch is letterboxed whole
+            tensors = [t if isinstance(t, torch.Tensor) else t[0].orient(t[1]) for t in tensors]
+            owned += [t for t, (_, off) in zip(tensors, zip(chunk, offsets, strict=True), strict=True)
+                      if off is not None]
         event = None
         if use_side:
             event = torch.cuda.Event()
             event.record(side)
     if slot is not None:
         pool.release(slot, event)
-    return StagedBatch(tensors, event, owned if use_side else [], _uniform(chunk, offsets, owned[0] if slot else None))
+    return StagedBatch(tensors, event, owned if use_side else [], uniform)
 
 
 def _uniform(chunk: list[SourceImage], offsets: list[int | None], flat: torch.Tensor | None) -> Any:
