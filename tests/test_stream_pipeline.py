@@ -193,9 +193,12 @@ def test_pack_writes_every_image_at_its_offset_alone_and_split_over_threads(monk
         offsets.append(total)
         total += -(-img.numel() // 256) * 256  # aligned as stage() aligns them: gaps in between
     parts = list(zip(images, offsets, strict=True))
+    threads, copy_into = [], stream._copy_into
+    monkeypatch.setattr(stream, "_copy_into", lambda *a: threads.append(threading.current_thread().name) or
+                        copy_into(*a))
     for part_bytes in (stream.PACK_PART_BYTES, 1000):  # one thread; then split (1000 B per part)
         monkeypatch.setattr(stream, "PACK_PART_BYTES", part_bytes)
-        monkeypatch.setattr(stream.os, "cpu_count", lambda: 4)
+        monkeypatch.setattr(stream, "_CPUS", 4)
         buffer = torch.full((total,), 7, dtype=torch.uint8)
         stream.pack(buffer, parts)
         written = torch.zeros(total, dtype=torch.bool)
@@ -203,7 +206,10 @@ def test_pack_writes_every_image_at_its_offset_alone_and_split_over_threads(monk
             assert torch.equal(buffer[off:off + img.numel()], img.reshape(-1))
             written[off:off + img.numel()] = True
         assert bool((buffer[~written] == 7).all())  # nothing outside the images was touched
-    assert stream._PACKERS  # the split run used the pool
+    assert threads[0] == threading.current_thread().name  # small: copied by the caller alone
+    ways = sum(img.numel() for img in images) // 1000  # parts of at least 1000 B (3 here)
+    assert ways >= 2 and len(threads) == 1 + ways  # split: the caller and ways - 1 pool threads
+    assert sum(t.startswith("libreyolo-pack") for t in threads) == ways - 1
 
 
 def test_a_batch_too_big_for_staging_goes_image_by_image(model, plain, forced_staging):

@@ -192,6 +192,7 @@ PACK_PART_BYTES = 4 << 20  # the least pixel bytes one packing thread is given
 PACK_THREADS = 4           # at most (and at most the CPUs)
 _PACKERS: list[Any] = []   # the packing thread pool, made on first use
 _PACK_LOCK = threading.Lock()
+_CPUS = os.cpu_count() or 1
 
 
 def _copy_into(host: Any, parts: list[tuple[torch.Tensor, int]]) -> None:
@@ -211,7 +212,7 @@ def pack(buffer: torch.Tensor, parts: list[tuple[torch.Tensor, int]]) -> None:
     parts of at least that over up to :data:`PACK_THREADS` pool threads, which sleep, not spin, while they wait."""
     host = buffer.numpy()
     total = sum(p.numel() for p, _ in parts)
-    ways = min(PACK_THREADS, os.cpu_count() or 1, len(parts), max(1, total // PACK_PART_BYTES))
+    ways = 1 if total < 2 * PACK_PART_BYTES else min(PACK_THREADS, _CPUS, len(parts), total // PACK_PART_BYTES)
     if ways <= 1:
         _copy_into(host, parts)
         return
