@@ -16,7 +16,8 @@ read back before the next batch is enqueued) and with each ``--workers`` value (
 staging, side-stream upload, deferred read-back; :mod:`libreyolo.engine.stream`), eager and
 with ``cuda_graph=True``. Reported: images/s (median of ``--repeats`` full passes after a
 warm-up pass), and the graphed network forward alone at the same batch for reference (the
-ceiling the pipeline approaches). ``--compile true`` runs it all with the compiled network in the graphs. Prints a table and writes JSON (device, torch, command).
+ceiling the pipeline approaches). ``--compile true`` runs it all with the compiled network in the
+graphs. Prints a table and writes JSON (device, torch, command).
 """
 from __future__ import annotations
 
