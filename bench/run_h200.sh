@@ -275,8 +275,8 @@ if [ "$phase" = cfinal ]; then
   timeout 150 python -m pytest -q -m gpu tests/test_compile.py tests/test_serve.py -p no:cacheprovider \
     > "$out/$day-gpu-tests-h200-cfinal.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-h200-cfinal.log" | tail -5
-  timeout 310 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
-    --clients 1,8,32,64 --requests 32 --size-table --compile true --stop-compile-workers \
+  timeout 400 python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 1,8,32,64 --requests 64 --size-table --compile true --stop-compile-workers \
     --out "$out/$day-serve-h200-compiled-graphs.json" > "$out/$day-serve-h200-compiled-graphs.log" 2>&1
   echo "serve rc=$?"; grep -E "^ +(1|2|4|8|16|32) |^(lock|batcher|32 clients)|Error" "$out/$day-serve-h200-compiled-graphs.log"
 fi
