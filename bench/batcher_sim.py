@@ -22,7 +22,6 @@ the H200 gives.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -34,6 +33,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report_json import write_json  # noqa: E402
 
 # batch: (predict ms, replay ms), H200, YOLOv9-t fp16, compiled network in our graphs (see the docstring)
 H200_COMPILED = {1: (2.93, 2.37), 2: (3.29, 2.48), 4: (3.54, 2.68), 8: (4.86, 3.55), 16: (7.12, 4.98),
@@ -63,34 +65,18 @@ class SimulatedDevice:
 
 def run(model: Any, device: SimulatedDevice, clients: int, requests: int, take_all: bool,
         **batcher_kw: Any) -> dict[str, Any]:
+    from serve_bench import run_clients  # the same closed-loop client threads as the GPU benchmark
+
     from libreyolo.serve import Batcher
 
     frame = np.zeros((48, 64, 3), np.uint8)
-    lat: list[list[float]] = [[] for _ in range(clients)]
     with Batcher(model, imgsz=64, **batcher_kw) as batcher:
         batcher._predict = lambda images, call, size: device(images)  # the simulated forward
         if take_all:  # the policy before batch times: every queued request, up to max_batch
             batcher._take = lambda queued: min(queued, batcher.max_batch)
         batcher.warmup(frame)
-        start = threading.Barrier(clients + 1)
-
-        def client(c: int) -> None:
-            start.wait()
-            for _ in range(requests):
-                t0 = time.perf_counter()
-                batcher(frame)
-                lat[c].append((time.perf_counter() - t0) * 1e3)
-
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        wall, flat, _ = run_clients(batcher, [frame], clients, requests)
         stats = batcher.stats()
-    flat = [x for row in lat for x in row]
     return {"clients": clients, "requests": len(flat), "req_per_s": round(len(flat) / wall, 1),
             "p50_ms": round(float(np.percentile(flat, 50)), 2), "p99_ms": round(float(np.percentile(flat, 99)), 2),
             "max_ms": round(max(flat), 2), "mean_ms": round(statistics.fmean(flat), 2),
@@ -127,12 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['max_ms']:>7.2f} {row['mean_batch']:>6.2f}", flush=True)
     report = {"command": " ".join([sys.executable, *sys.argv]), "table_ms": H200_COMPILED, "rows": rows}
     if args.json:
-        from libreyolo.checkpoint import atomic_write
-
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, lambda tmp: tmp.write_text(json.dumps(report, indent=1) + "\n"))
-        print(f"wrote {out}")
+        write_json(args.json, report)
     return 0
 
 

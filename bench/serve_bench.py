@@ -26,7 +26,6 @@ batcher throughput >= 4x lock, batcher p99 < 25 ms.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -47,6 +46,7 @@ from libreyolo.serve import Batcher  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from compile_bench import busy_cores, cpu_jiffies, stop_compile_workers  # noqa: E402
+from report_json import write_json  # noqa: E402
 
 
 def frames(n: int = 8) -> list[np.ndarray]:
@@ -286,12 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "letterbox_in_graph": not args.letterbox_outside, "batch_sizes": list(sizes), "size_table": size_table,
         "rows": rows, "targets": targets,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    from libreyolo.checkpoint import atomic_write
-
-    atomic_write(out, lambda tmp: tmp.write_text(json.dumps(report, indent=1) + "\n"))
-    print(f"wrote {out}")
+    write_json(args.out, report)
     return 0
 
 

@@ -25,7 +25,6 @@ writes JSON (CPU, torch, threads, command).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -40,6 +39,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report_json import write_json  # noqa: E402
 
 from libreyolo.engine.stream import pack  # noqa: E402
 
@@ -151,12 +153,7 @@ def main(argv: list[str] | None = None) -> int:
               "cpus": os.cpu_count(), "torch": torch.__version__, "intra_op_threads": torch.get_num_threads(),
               "pinned": pin, "busy_processes": busy, "timed_calls": n, "rows": rows, "feeder": feeder}
     if args.json:
-        from libreyolo.checkpoint import atomic_write
-
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, lambda tmp: tmp.write_text(json.dumps(report, indent=1) + "\n"))
-        print(f"wrote {out}")
+        write_json(args.json, report)
     return 0
 
 
