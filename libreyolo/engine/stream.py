@@ -276,7 +276,7 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
                 t = img.to_device(device)
                 owned.append(t)
                 tensors[i] = t
-        uniform = _uniform(chunk, offsets, owned[0] if slot else None)
+        uniform = _uniform(chunk, owned[0]) if frames and slot is not None else None
         if uniform is None:  # reordered here (on the side stream); a uniform batch is letterboxed whole
             tensors = [t if isinstance(t, torch.Tensor) else t[0].orient(t[1]) for t in tensors]
             owned += [t for t, (_, off) in zip(tensors, zip(chunk, offsets, strict=True), strict=True)
@@ -290,17 +290,13 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
     return StagedBatch(tensors, event, owned if use_side else [], uniform)
 
 
-def _uniform(chunk: list[SourceImage], offsets: list[int | None], flat: torch.Tensor | None) -> Any:
-    """(frames, bgr) when the staged images lie back to back in ``flat`` as one (B, H, W, 3) batch."""
-    first = chunk[0]
-    shape = tuple(first.pixels.shape)
-    if flat is None or not first.hwc or len(shape) != 3 or shape[2] != 3:
+def _uniform(frames: list[SourceImage], flat: torch.Tensor) -> Any:
+    """(batch, bgr): same-size HWC ``frames``, packed back to back in ``flat``, as one (B, H, W, 3) view;
+    None for other channel counts."""
+    shape = tuple(frames[0].pixels.shape)
+    if len(shape) != 3 or shape[2] != 3:
         return None
-    size = first.pixels.numel()
-    for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
-        if off != i * size or not img.hwc or img.bgr != first.bgr or tuple(img.pixels.shape) != shape:
-            return None
-    return flat[:len(chunk) * size].view(len(chunk), *shape), first.bgr
+    return flat[:len(frames) * frames[0].pixels.numel()].view(len(frames), *shape), frames[0].bgr
 
 
 class _nothing:
