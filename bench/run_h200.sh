@@ -19,6 +19,9 @@
 # cserve, cautotune: prepared for the next call (Batcher settings on compiled graphs; max-autotune in the graphs);
 # pack: prepared (staging packed by numpy copies: pack bench, GPU tests, stream and serving figures);
 # detr26: prepared (rtdetr-r34 / dfine-s b1 fp32, graphs with and without compile, the reference b1 rows);
+# decode26: decode="cuda" (nvJPEG): its GPU tests, the stream bench's JPEG rows (Pillow and nvJPEG, compiled graphs),
+# then one py-spy sample of the Batcher at 32 clients;
+# spy27: py-spy samples (GIL holder; all busy threads) of the Batcher at 32 clients, default and in_flight 1;
 # stream26: prepared (stream bench at b32 with the compiled network in the graphs: arrays and JPEG files).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
@@ -336,4 +339,30 @@ if [ "$phase" = stream26 ]; then
   timeout 400 python -u bench/stream_bench.py --graphs true --workers 4 8 --n 1024 --compile true \
     --json "$out/$day-stream-h200-compiled.json" > "$out/$day-stream-h200-compiled.log" 2>&1
   echo "stream compiled rc=$?"; tail -12 "$out/$day-stream-h200-compiled.log"
+fi
+if [ "$phase" = spy27 ]; then
+  # where the host time goes while the Batcher serves 32 clients (fp16 graphs, not compiled): py-spy samples of the
+  # thread holding the GIL, then of every busy thread, then the GIL holder with in_flight 1 (collapsed stacks)
+  m=.gpushared/compat/checkpoints/yolo9-t-seed0.pt
+  for run in "gil||--gil" "all||" "gil-inflight1|--in-flight 1|--gil"; do
+    IFS='|' read -r tag cfg spy <<< "$run"
+    json=/tmp/spy-$tag.json; [ "$tag" = gil ] && json="$out/$day-spy27-$tag.json"
+    timeout 150 .peer/py-spy record $spy --threads --nonblocking -r 250 --format raw -o "$out/$day-spy27-$tag.txt" -- \
+      python -u bench/serve_bench.py --half --model $m --clients 32 --requests 300 --modes batcher \
+      --batch-sizes 1,2,4,8,16,32 $cfg --out "$json" > "$out/$day-spy27-$tag.log" 2>&1
+    echo "spy27 [$tag] rc=$?"; grep -E "^batcher|Samples|rror" "$out/$day-spy27-$tag.log" | tail -3
+  done
+fi
+if [ "$phase" = decode26 ]; then
+  timeout 150 python -m pytest -q -m gpu tests/test_device_decode.py tests/test_stream_pipeline.py -p no:cacheprovider -s \
+    > "$out/$day-gpu-tests-h200-decode26.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error|nvJPEG vs" "$out/$day-gpu-tests-h200-decode26.log" | tail -6
+  timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 8 --n 1024 --compile true --sources jpeg-cuda jpeg \
+    --json "$out/$day-stream-h200-decode.json" > "$out/$day-stream-h200-decode.log" 2>&1
+  echo "stream decode rc=$?"; grep -E "agreement|\|" "$out/$day-stream-h200-decode.log" | tail -9
+  m=.gpushared/compat/checkpoints/yolo9-t-seed0.pt
+  timeout 90 .peer/py-spy record --gil --threads --nonblocking -r 250 --format raw -o "$out/$day-spy27-gil.txt" -- \
+    python -u bench/serve_bench.py --half --model $m --clients 32 --requests 300 --modes batcher \
+    --batch-sizes 1,2,4,8,16,32 --out "$out/$day-spy27-gil.json" > "$out/$day-spy27-gil.log" 2>&1
+  echo "spy27 rc=$?"; grep -E "^batcher|Samples|rror" "$out/$day-spy27-gil.log" | tail -3
 fi

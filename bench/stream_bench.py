@@ -8,7 +8,10 @@ fp16 on CUDA (fp32 on the CPU), ``predict(..., stream=True)`` consumed to the en
 sources:
 
 - ``arrays``: ``--n`` host uint8 HWC frames (480x640 BGR) in a list, as a video decoder gives;
-- ``jpeg``: the same frames written as JPEG files (quality 90) to a folder on disk.
+- ``jpeg``: the same frames written as JPEG files (quality 90) to a folder on disk;
+- ``jpeg-cuda``: that folder with ``decode="cuda"`` (the files read on the workers, decoded by nvJPEG on
+  the GPU a batch at a time), with the decoders' agreement (nvJPEG against Pillow, and each against the
+  frames before compression) on the first batch's files.
 
 Each source is run with ``workers=0`` (the plain path: one batch decoded when it comes, in the
 calling thread, uploaded through pinned staging (per-image pageable uploads before 2026-12-04),
@@ -103,6 +106,25 @@ def forward_rate(model, batch: int, imgsz: int, half: bool, graph: bool, repeats
     return round(batch / statistics.median(times), 1)
 
 
+def decode_agreement(files: list[Path], images: list[np.ndarray], device: torch.device) -> dict:
+    """nvJPEG's pixels against Pillow's for ``files`` (mean and max absolute difference, share of equal
+    values), next to each decoder's distance from the frames before compression (the codec's own error)."""
+    from libreyolo.data.sources import decode_on_device, read_for_device, read_image_file
+
+    gpu = [img.pixels.permute(1, 2, 0).cpu().numpy().astype(np.int16)
+           for img in decode_on_device([read_for_device(f) for f in files], device)]
+    pil = [read_image_file(f).astype(np.int16) for f in files]
+    src = [img[:, :, ::-1].astype(np.int16) for img in images[:len(files)]]  # the frames are BGR
+
+    def diff(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
+        d = np.concatenate([np.abs(x - y).ravel() for x, y in zip(a, b, strict=True)])
+        return {"mean_abs": round(float(d.mean()), 4), "max_abs": int(d.max()),
+                "equal_share": round(float((d == 0).mean()), 4)}
+
+    return {"files": len(files), "nvjpeg_vs_pillow": diff(gpu, pil), "pillow_vs_source": diff(pil, src),
+            "nvjpeg_vs_source": diff(gpu, src)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write results here")
@@ -111,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 8], help="pipeline decode threads to try")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per row (median)")
-    ap.add_argument("--sources", nargs="+", default=["arrays", "jpeg"], choices=["arrays", "jpeg"])
+    ap.add_argument("--sources", nargs="+", default=["arrays", "jpeg", "jpeg-cuda"],
+                    choices=["arrays", "jpeg", "jpeg-cuda"])
     ap.add_argument("--graphs", nargs="+", default=["false", "true"], choices=["false", "true"])
     ap.add_argument("--conf", type=float, default=0.25)
     ap.add_argument("--compile", default=None,
@@ -137,13 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     images = frames(args.n, h, w)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_jpegs(images, Path(tmp) / "jpeg") if "jpeg" in args.sources else None
-        for source_name in args.sources:
+        jpeg = any(name.startswith("jpeg") for name in args.sources)
+        folder = write_jpegs(images, Path(tmp) / "jpeg") if jpeg else None
+        sources = [name for name in args.sources if cuda or name != "jpeg-cuda"]
+        if "jpeg-cuda" in sources:
+            env["decode_agreement"] = decode_agreement(sorted(folder.iterdir())[:args.batch], images, model.device)
+            print("decode agreement " + json.dumps(env["decode_agreement"]), flush=True)
+        for source_name in sources:
             source = images if source_name == "arrays" else str(folder)
             for graph in graphs:
                 for workers in [0, *args.workers]:
                     kw = {"imgsz": args.imgsz, "batch": args.batch, "half": half, "conf": args.conf,
-                          "cuda_graph": graph, "workers": workers}
+                          "cuda_graph": graph, "workers": workers,
+                          "decode": "cuda" if source_name == "jpeg-cuda" else "cpu"}
                     run_pass(model, source, kw, cuda)  # warm-up: captures, copies, staging buffers
                     if args.compile:  # (compiled in the warm-up; its worker pool slows the host while it lives)
                         from libreyolo.engine.compiled import end_compile_workers

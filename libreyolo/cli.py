@@ -37,7 +37,7 @@ PREDICT_OPTS: dict[str, Opt] = {
     **all_task_options(),  # each task's own (libreyolo.tasks): detect conf, iou, ...; semantic classes
     **{k: PREDICT_OPTIONS[k] for k in ("imgsz", "device")},
     "half": Opt(as_bool, False, "fp16 inference (CUDA)", True),
-    **{k: PREDICT_OPTIONS[k] for k in ("batch", "cuda_graph", "workers")},
+    **{k: PREDICT_OPTIONS[k] for k in ("batch", "cuda_graph", "workers", "decode")},
     "compile": COMPILE_OPTION,
     "save": Opt(as_bool, True, "save annotated images", True),
     "save_dir": Opt(str, "runs/predict", "where annotated images and JSON go"),
@@ -133,8 +133,8 @@ def cmd_predict(args: dict[str, Any]) -> int:
     source = args["source"] or SAMPLE_IMAGE
     task_opts = {k: args[k] for k in all_task_options() if k in args.given}
     results = model.predict(source, imgsz=args["imgsz"], half=args["half"], device=args["device"],
-                            batch=args["batch"], cuda_graph=args["cuda_graph"], workers=args["workers"], stream=True,
-                            **task_opts)
+                            batch=args["batch"], cuda_graph=args["cuda_graph"], workers=args["workers"],
+                            decode=args["decode"], stream=True, **task_opts)
     names = OutputNames()  # a.jpg and a.png in one folder must not save to the same file
     for r in results:
         stem = names.stem(r.path)

@@ -141,18 +141,25 @@ def _check_file(path: Path, st: os.stat_result) -> None:
         raise ImageError(f"cannot read image {path}: the file is empty (0 bytes)")
 
 
-def read_image_file(path: str | Path) -> np.ndarray:
-    """Decode one image file to an upright HWC uint8 RGB array, or raise :class:`ImageError`."""
-    path = Path(path)
+def _open_file(path: Path) -> Any:
+    """``path`` opened for reading (binary) after the checks of :func:`_check_file`, or :class:`ImageError`."""
     _check_file(path, _stat(path))
     try:  # non-blocking open: a file swapped for a FIFO after the check still cannot hang us
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        what = _not_regular(os.fstat(f.fileno()).st_mode)
-        if what is not None:
-            raise ImageError(f"cannot read {path}: it is {what}, not a regular file; pass an image file")
+    f = os.fdopen(fd, "rb")
+    what = _not_regular(os.fstat(f.fileno()).st_mode)
+    if what is not None:
+        f.close()
+        raise ImageError(f"cannot read {path}: it is {what}, not a regular file; pass an image file")
+    return f
+
+
+def read_image_file(path: str | Path) -> np.ndarray:
+    """Decode one image file to an upright HWC uint8 RGB array, or raise :class:`ImageError`."""
+    path = Path(path)
+    with _open_file(path) as f:
         return _decode(f, str(path))
 
 
@@ -200,6 +207,113 @@ def check_pixels(width: int, height: int, where: str) -> None:
             f"{limit:,} (PIL.Image.MAX_IMAGE_PIXELS; a small file this large is a decompression bomb). If you "
             "trust this file, raise the limit first: PIL.Image.MAX_IMAGE_PIXELS = <pixels> (None disables it)"
         )
+
+
+# --- JPEG files decoded on the device: predict(decode="cuda") -------------------------------------
+@dataclass
+class EncodedJPEG:
+    """A JPEG file read, not decoded, on a worker thread (its header checked like any image's): it is
+    decoded on the device with the rest of its batch (:func:`decode_on_device`)."""
+
+    data: bytes
+    path: str
+    orientation: int = 1  # EXIF orientation (1: upright), applied after decoding as Pillow applies it
+
+
+def read_for_device(path: Path) -> SourceImage | EncodedJPEG:
+    """``path``'s bytes when it is a JPEG the device decoder takes (8-bit RGB or grayscale; not CMYK),
+    checked against the pixel limit from its header; any other image decoded here, as without
+    ``decode="cuda"``."""
+    from PIL import Image
+
+    with _open_file(path) as f:
+        data = f.read()
+    if not data:
+        raise ImageError(f"cannot read image {path}: the file is empty (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:  # the header only: nothing is decoded here
+                fmt, mode, size = img.format, img.mode, img.size
+                orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # not an image Pillow knows, or hostile: Pillow's own decode says why
+        fmt = None
+    if fmt == "JPEG" and mode in ("RGB", "L") and min(size) > 0:
+        check_pixels(size[0], size[1], str(path))
+        return EncodedJPEG(data, str(path), orientation if orientation in range(2, 9) else 1)
+    arr = read_image_bytes(data, str(path))
+    return SourceImage(_as_tensor(arr), str(path), arr, from_file=True)
+
+
+def _upright_chw(t: torch.Tensor, orientation: int) -> torch.Tensor:
+    """A CHW image turned as EXIF ``orientation`` says, the transposition Pillow's ``exif_transpose`` makes."""
+    h, w = 1, 2
+    return {
+        2: lambda: t.flip(w),                        # mirrored
+        3: lambda: t.flip(h).flip(w),                # rotated 180
+        4: lambda: t.flip(h),                        # flipped
+        5: lambda: t.transpose(h, w),                # transposed
+        6: lambda: t.transpose(h, w).flip(w),        # rotated 90 clockwise to be upright
+        7: lambda: t.transpose(h, w).flip(h).flip(w),  # transversed
+        8: lambda: t.transpose(h, w).flip(h),        # rotated 90 counter-clockwise to be upright
+    }.get(orientation, lambda: t)().contiguous()
+
+
+def device_decoder() -> Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]:
+    """The device JPEG decoder: JPEG bitstreams to CHW RGB uint8 tensors on a CUDA device, in one
+    batched nvJPEG call (``torchvision.io.decode_jpeg``), or :class:`MissingDependencyError` naming the extra."""
+    from libreyolo.errors import MissingDependencyError, require
+
+    try:
+        tv_io = require("torchvision.io", "gpu-decode", 'predict(decode="cuda")')
+    except MissingDependencyError:
+        raise
+    except Exception as exc:  # installed but unusable, e.g. built for another torch
+        raise MissingDependencyError(
+            f'predict(decode="cuda") needs torchvision built for this torch ({torch.__version__}), but importing '
+            f"it failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; install the matching "
+            "torchvision (pip install 'libreyolo[gpu-decode]') or use decode=\"cpu\"") from None
+
+    def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        return tv_io.decode_jpeg(datas, mode=tv_io.ImageReadMode.RGB, device=device)
+
+    return decode
+
+
+def decode_on_device(items: list[EncodedJPEG], device: torch.device) -> list[SourceImage | ImageError]:
+    """``items`` decoded on ``device`` in one call, upright, as CHW RGB ``SourceImage``s (``from_file``:
+    plotting reads the file again). Should the batched call fail (a corrupt stream, one nvJPEG cannot
+    take), each is decoded alone, and one the device cannot decode is decoded by Pillow on the host:
+    an image nvJPEG refuses still gets its result, a corrupt one its :class:`ImageError`.
+    The decoded tensors are complete when this returns (the calling thread waited for them)."""
+    if not items:
+        return []
+    decode = device_decoder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # bytes are read-only; the decoder only reads them
+        datas = [torch.frombuffer(e.data, dtype=torch.uint8) for e in items]
+    try:
+        decoded: list[Any] = list(decode(datas, device))
+    except Exception:
+        decoded = []
+        for d in datas:
+            try:
+                decoded.append(decode([d], device)[0])
+            except Exception:
+                decoded.append(None)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # the batch is used on other threads' streams
+    out: list[SourceImage | ImageError] = []
+    for e, t in zip(items, decoded, strict=True):
+        if t is None:
+            try:
+                arr = read_image_bytes(e.data, e.path)
+                out.append(SourceImage(_as_tensor(arr), e.path, arr, from_file=True))
+            except ImageError as exc:
+                out.append(exc)
+            continue
+        out.append(SourceImage(_upright_chw(t, e.orientation), e.path, None, hwc=False, from_file=True))
+    return out
 
 
 # --- in-memory inputs ----------------------------------------------------------------------------
@@ -314,10 +428,11 @@ class _Pending:
     path: Path | None = None  # set for files: the only inputs that can be unreadable at load time
 
 
-def _load(item: _Pending) -> SourceImage | ImageError:
-    """The decoded image, or the :class:`ImageError` that says why not (raised where it is used)."""
+def _load(item: _Pending, decode_on: torch.device | None = None) -> SourceImage | EncodedJPEG | ImageError:
+    """The decoded image (a JPEG file only read, with ``decode_on``), or the :class:`ImageError` that
+    says why not (raised where it is used)."""
     try:
-        return item.load()
+        return read_for_device(item.path) if decode_on is not None and item.path is not None else item.load()
     except ImageError as exc:
         return exc
 
@@ -336,6 +451,7 @@ class Sources:
     single: bool
     skipped: list[tuple[str, str]] = field(default_factory=list)
     on_device: bool = False  # some image is a tensor already on a device (nothing to decode or upload)
+    decode_on: torch.device | None = None  # decode JPEG files on this (CUDA) device: predict(decode="cuda")
 
     @property
     def total(self) -> int | None:
@@ -359,21 +475,41 @@ class Sources:
         most the rest of the current batch at a time: never more images than one batch in memory
         on account of decoding ahead, and the same images in the same order as ``workers=0``.
         """
-        chunk: list[SourceImage] = []
+        chunk: list[SourceImage | EncodedJPEG] = []
         for item, loaded in self._decoded(workers, lambda: size - len(chunk)):
             if isinstance(loaded, ImageError):
-                if not skip_unreadable or item.path is None:
-                    raise loaded
-                self.skipped.append((str(item.path), str(loaded)))
-                LOGGER.warning("skipping %s", loaded)
+                self._skip(loaded, item.path, skip_unreadable)
                 continue
             chunk.append(loaded)
             if len(chunk) == size:
                 full = chunk[:]  # ``chunk`` itself stays the one list room() measures
                 chunk.clear()
-                yield full
+                yield self._finished(full, skip_unreadable)
         if chunk:
-            yield chunk
+            yield self._finished(chunk, skip_unreadable)
+
+    def _skip(self, error: ImageError, path: Any, skip_unreadable: bool) -> None:
+        if not skip_unreadable or path is None:
+            raise error
+        self.skipped.append((str(path), str(error)))
+        LOGGER.warning("skipping %s", error)
+
+    def _finished(self, chunk: list[SourceImage | EncodedJPEG], skip_unreadable: bool) -> list[SourceImage]:
+        """The batch with its JPEG files decoded on the device (one call), in order; any file that
+        turns out unreadable there is skipped (or raises) as on the host."""
+        encoded = [img for img in chunk if isinstance(img, EncodedJPEG)]
+        if not encoded:
+            return chunk  # type: ignore[return-value]
+        done = iter(zip(encoded, decode_on_device(encoded, self.decode_on), strict=True))
+        out: list[SourceImage] = []
+        for img in chunk:
+            if isinstance(img, EncodedJPEG):
+                file, img = next(done)
+                if isinstance(img, ImageError):
+                    self._skip(img, file.path, skip_unreadable)
+                    continue
+            out.append(img)
+        return out
 
     def _decoded(self, workers: int, room: Callable[[], int]) -> Iterator[tuple[_Pending, SourceImage | ImageError]]:
         """(item, image or error) in order; decoded here, or on ``workers`` threads with no more
@@ -381,7 +517,7 @@ class Sources:
         items = iter(self.pending)
         if workers <= 0:
             for item in items:
-                yield item, _load(item)
+                yield item, _load(item, self.decode_on)
             return
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
@@ -394,7 +530,7 @@ class Sources:
                     item = next(items, None)
                     if item is None:
                         break
-                    inflight.append((item, pool.submit(_load, item)))
+                    inflight.append((item, pool.submit(_load, item, self.decode_on)))
                 if not inflight:
                     return
                 item, future = inflight.popleft()

@@ -31,6 +31,8 @@ COMMON_PREDICT_OPTIONS: dict[str, Opt] = {
     "progress": Opt(as_bool, None, "progress bar on stderr (default: on a terminal, for long runs)", True),
     "workers": Opt(int, None, "threads decoding the next batch while one runs (default: 4 on CUDA, 0 on the CPU; "
                    "same results for every value)", min=0, max=MAX_WORKERS),
+    "decode": Opt(str, "cpu", "where JPEG files are decoded: cpu (Pillow) or cuda (nvJPEG on the CUDA device, "
+                  "needs torchvision: extra gpu-decode)", choices=("cpu", "cuda")),
 }
 
 # LibreYOLO(..., compile=...), model.compile(...) and `libreyolo predict compile=...` (libreyolo.engine.compiled)

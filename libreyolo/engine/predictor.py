@@ -155,6 +155,7 @@ class Predictor:
         stream: bool = False,
         progress: bool | None = None,
         workers: int | None = None,
+        decode: str = "cpu",
         **options: Any,
     ) -> Results | list[Results] | Iterator[Results]:
         """Predict. One input gives one :class:`Results`; a list, directory or batch gives a list.
@@ -180,13 +181,18 @@ class Predictor:
         where batches also go through pinned staging buffers and a side-stream upload, and 0 on the
         CPU: one batch decoded when it comes). The results are the same for every value
         (:mod:`libreyolo.engine.stream`).
+
+        ``decode``: ``"cpu"`` (Pillow, on the ``workers`` threads) or ``"cuda"``: JPEG files are read
+        on the workers and decoded on the (CUDA) device by nvJPEG, a batch in one call
+        (``torchvision``, extra ``gpu-decode``); other files, and JPEGs nvJPEG cannot take, are
+        decoded by Pillow. nvJPEG's pixels differ slightly from Pillow's (README "Streaming").
         """
         from libreyolo.engine.options import PREDICT_OPTIONS
         from libreyolo.options import check_input_budget
 
         given = {"imgsz": imgsz, "half": half, "batch": batch, "cuda_graph": cuda_graph,
                  "color_format": color_format, "verbose": verbose, "stream": stream, "progress": progress,
-                 "workers": workers}
+                 "workers": workers, "decode": decode}
         for name, value in given.items():
             given[name] = PREDICT_OPTIONS[name].check(name, value)
         opts = self.predict_options(**options)
@@ -197,6 +203,8 @@ class Predictor:
         run_device, half = self._call_settings(resolve_device(device), half)
 
         sources = open_sources(source, color_format=color_format)
+        if given["decode"] == "cuda":
+            sources.decode_on = _device_decoding(run_device)
         if verbose:
             want_info()
         # device tensors are used where they are, on the caller's stream: nothing for the pipeline to do
@@ -344,6 +352,18 @@ class Predictor:
                     for img, meta, pred in zip(chunk, metas, preds, strict=True)]
 
         return finish
+
+
+def _device_decoding(device: torch.device) -> torch.device:
+    """The device ``decode="cuda"`` decodes on (``device`` itself), checked: a CUDA device and a
+    usable torchvision."""
+    from libreyolo.data.sources import device_decoder
+
+    if device.type != "cuda":
+        raise ArgumentError(f'decode="cuda" decodes JPEG files on a CUDA device, but this predict runs on '
+                            f'{device}; pass device="cuda" or decode="cpu"')
+    device_decoder()  # raises, naming the extra, when torchvision is missing or unusable
+    return device
 
 
 class StageClock:

@@ -276,7 +276,9 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
                 t = img.to_device(device)
                 owned.append(t)
                 tensors[i] = t
-        uniform = _uniform(chunk, owned[0]) if frames and slot is not None else None
+        uniform = _uniform(chunk, owned[0]) if frames and slot is not None else _decoded_frames(chunk, device)
+        if uniform is not None and slot is None:
+            owned.append(uniform[0])
         if uniform is None:  # reordered here (on the side stream); a uniform batch is letterboxed whole
             tensors = [t if isinstance(t, torch.Tensor) else t[0].orient(t[1]) for t in tensors]
             owned += [t for t, (_, off) in zip(tensors, zip(chunk, offsets, strict=True), strict=True)
@@ -297,6 +299,24 @@ def _uniform(frames: list[SourceImage], flat: torch.Tensor) -> Any:
     if len(shape) != 3 or shape[2] != 3:
         return None
     return flat[:len(frames) * frames[0].pixels.numel()].view(len(frames), *shape), frames[0].bgr
+
+
+def _decoded_frames(chunk: list[SourceImage], device: torch.device) -> Any:
+    """(batch, bgr) for several same-size CHW RGB uint8 images already on ``device`` (JPEG files
+    decoded there, ``predict(decode="cuda")``): stacked into one batch, seen as (B, H, W, 3), so the
+    batch is letterboxed whole like uploaded frames; None otherwise."""
+    if len(chunk) < 2:
+        return None
+    first = chunk[0].pixels
+    if first.device.type != device.type or device.index not in (None, first.device.index):
+        return None
+    for img in chunk:
+        p = img.pixels
+        if img.hwc or img.bgr or p.device != first.device or p.dtype != torch.uint8 or p.shape != first.shape:
+            return None
+    if first.ndim != 3 or first.shape[0] != 3:
+        return None
+    return torch.stack([img.pixels for img in chunk]).permute(0, 2, 3, 1), False
 
 
 class _nothing:
