@@ -14,6 +14,7 @@ orientation is applied to files and PIL images: boxes refer to the upright image
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -292,17 +293,21 @@ def decode_on_device(items: list[EncodedJPEG], device: torch.device) -> list[Sou
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # bytes are read-only; the decoder only reads them
         datas = [torch.frombuffer(e.data, dtype=torch.uint8) for e in items]
-    try:
-        decoded: list[Any] = list(decode(datas, device))
-    except Exception:
-        decoded = []
-        for d in datas:
-            try:
-                decoded.append(decode([d], device)[0])
-            except Exception:
-                decoded.append(None)
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()  # the batch is used on other threads' streams
+    # on a stream of its own, waited for here: the legacy default stream would also wait for (and hold up)
+    # the forward running on the compute stream; users of the tensors record their streams (staging)
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        try:
+            decoded: list[Any] = list(decode(datas, device))
+        except Exception:
+            decoded = []
+            for d in datas:
+                try:
+                    decoded.append(decode([d], device)[0])
+                except Exception:
+                    decoded.append(None)
+    if stream is not None:
+        stream.synchronize()
     out: list[SourceImage | ImageError] = []
     for e, t in zip(items, decoded, strict=True):
         if t is None:
