@@ -354,14 +354,17 @@ if [ "$phase" = spy27 ]; then
   done
 fi
 if [ "$phase" = decode26 ]; then
-  timeout 150 python -m pytest -q -m gpu tests/test_device_decode.py tests/test_stream_pipeline.py -p no:cacheprovider -s \
+  timeout 110 python -m pytest -q -m gpu tests/test_device_decode.py tests/test_stream_pipeline.py -p no:cacheprovider -s \
     > "$out/$day-gpu-tests-h200-decode26.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|Error|nvJPEG vs" "$out/$day-gpu-tests-h200-decode26.log" | tail -6
-  timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 8 --n 1024 --compile true --sources jpeg-cuda jpeg \
+  timeout 170 python -u bench/stream_bench.py --graphs true --workers 4 8 --n 1024 --compile true --sources jpeg-cuda jpeg \
     --json "$out/$day-stream-h200-decode.json" > "$out/$day-stream-h200-decode.log" 2>&1
   echo "stream decode rc=$?"; grep -E "agreement|\|" "$out/$day-stream-h200-decode.log" | tail -9
+  timeout 90 python -u bench/stream_bench.py --graphs true --workers 4 --n 1024 --compile true --sources arrays \
+    --model .gpushared/bench/dense-yolo9t.pt --json "$out/$day-stream-h200-dense.json" > "$out/$day-stream-h200-dense.log" 2>&1
+  echo "stream dense rc=$?"; grep -E "\|" "$out/$day-stream-h200-dense.log" | tail -3
   m=.gpushared/compat/checkpoints/yolo9-t-seed0.pt
-  timeout 90 .peer/py-spy record --gil --threads --nonblocking -r 250 --format raw -o "$out/$day-spy27-gil.txt" -- \
+  timeout 70 .peer/py-spy record --gil --threads --nonblocking -r 250 --format raw -o "$out/$day-spy27-gil.txt" -- \
     python -u bench/serve_bench.py --half --model $m --clients 32 --requests 300 --modes batcher \
     --batch-sizes 1,2,4,8,16,32 --out "$out/$day-spy27-gil.json" > "$out/$day-spy27-gil.log" 2>&1
   echo "spy27 rc=$?"; grep -E "^batcher|Samples|rror" "$out/$day-spy27-gil.log" | tail -3

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", default=None,
                     help="model.compile(MODE) ('true' for the default): the graphs hold the compiled network; "
                          "Inductor's compile workers are ended after each row's warm-up pass")
+    ap.add_argument("--model", default=None, help="a checkpoint instead of the sparse YOLOv9-t (e.g. the dense one)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 12 small frames, batch 4, imgsz 64")
     args = ap.parse_args(argv)
     if args.quick:
@@ -154,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
            "cpus": __import__("os").cpu_count(), "command": " ".join(["python3", *sys.argv]),
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"}}
-    model = sparse_model(device, args.imgsz)
+    if args.model:
+        from libreyolo import LibreYOLO
+
+        model = LibreYOLO(args.model, device=device)
+    else:
+        model = sparse_model(device, args.imgsz)
     if args.compile:
         model.compile(True if args.compile == "true" else args.compile)
     images = frames(args.n, h, w)
@@ -198,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile:
         result["compile_info"] = model.compile_info()
     plain = {(r["source"], r["cuda_graph"]): r["images_per_s"] for r in rows if r["workers"] == 0}
-    print(f"\nYOLOv9-t b{args.batch} {result['precision']} imgsz {args.imgsz}, {args.n} frames of {w}x{h}, "
+    print(f"\n{args.model or 'YOLOv9-t (sparse)'} b{args.batch} {result['precision']} imgsz {args.imgsz}, "
+          f"{args.n} frames of {w}x{h}, "
           f"stream=True ({env['device']}, torch {env['torch']})")
     print(f"{'source':>8} | {'graph':>5} | {'workers':>7} | {'path':>8} | {'images/s':>9} | {'x plain':>7}")
     for r in rows:
