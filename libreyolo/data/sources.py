@@ -103,6 +103,8 @@ def _pil_to_rgb_array(img: Any, where: str) -> np.ndarray:
 
 def _as_tensor(arr: np.ndarray) -> torch.Tensor:
     """The HWC array as a tensor without a copy (read-only arrays are never written through)."""
+    if arr.flags.writeable:  # from_numpy warns only for read-only arrays; catch_warnings costs ~20 us
+        return torch.from_numpy(arr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(arr)

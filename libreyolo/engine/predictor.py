@@ -383,7 +383,7 @@ class StageClock:
 
     def __init__(self, device: torch.device, t0: float) -> None:
         self.t0 = t0
-        self.cuda = device.type == "cuda" and torch.cuda.is_available()
+        self.cuda = device.type == "cuda"  # (no is_available(): 0.14 ms a call on the H200's host, per batch)
         self.marks: list[tuple[float, Any]] = []
 
     def mark(self) -> None:
