@@ -163,9 +163,12 @@ def test_the_device_decoded_batch_is_letterboxed_whole_with_the_host_paths_numbe
     kw = {"imgsz": IMGSZ, "conf": 0.01, "batch": 5}
     on_device = model.predict(str(folder), decode="cuda", workers=0, **kw)
     assert staged_batches and all(b.uniform is not None for b in staged_batches)
+    monkeypatch.setattr(predictor_mod, "resolve_workers", lambda workers, device: 4 if workers is None else workers)
+    monkeypatch.setattr(predictor_mod, "Feeder", None)  # decode="cuda" defaults to workers=0: no feeder thread
+    default = model.predict(str(folder), decode="cuda", device="cpu", **kw)
     host = model.predict(str(folder), decode="cpu", workers=0, **kw)
     assert sum(len(r) for r in host) > 0
-    for a, b in zip(on_device, host, strict=True):
+    for a, b in zip(on_device + default, host + host, strict=True):
         assert a.path == b.path and a.orig_shape == b.orig_shape
         assert torch.equal(a.boxes.xyxy, b.boxes.xyxy) and torch.equal(a.boxes.conf, b.boxes.conf)
 
