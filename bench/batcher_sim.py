@@ -9,7 +9,9 @@ stalls). The model's ``predict()`` is replaced by a simulation of one measured G
 ``bench/results/2026-12-04-serve27-h200-compiled-graphs.json``, batch 1 from
 ``2026-12-04-compile-graphs-h200.json``): the host part (predict - replay) split before and after
 the replay, which holds one device lock (one GPU runs one batch at a time), everything in
-``time.sleep`` (no CPU work, so the machine running this does not matter much). Requests go
+``time.sleep`` (no CPU work, so the machine running this does not matter much), or with
+``--host gil`` the host part as Python work that holds the GIL (a py-spy profile of the H200 run,
+``2026-12-05-spy27-gil.txt``, found the workers holding it about 3.3 ms per batch). Requests go
 through the real :class:`libreyolo.serve.Batcher` (decoding, options, grouping, padding).
 
 Each setting runs twice: ``take all`` (every queued request of one option set, up to ``max_batch``:
@@ -42,12 +44,20 @@ H200_COMPILED = {1: (2.93, 2.37), 2: (3.29, 2.48), 4: (3.54, 2.68), 8: (4.86, 3.
                  32: (13.24, 9.60)}
 
 
+def _spin(seconds: float) -> None:
+    """Python work holding the GIL for ``seconds`` (released only at the interpreter's switch interval)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 class SimulatedDevice:
     """``predict(images, batch=...)`` that takes the table's time for the padded batch size."""
 
-    def __init__(self, table: dict[int, tuple[float, float]]) -> None:
+    def __init__(self, table: dict[int, tuple[float, float]], host: str = "sleep") -> None:
         self.table = dict(sorted(table.items()))
         self.gpu = threading.Lock()
+        self.wait = time.sleep if host == "sleep" else _spin  # "gil": the host part is Python work
 
     def cost(self, size: int) -> tuple[float, float]:
         size = next((s for s in self.table if s >= size), max(self.table))
@@ -56,10 +66,10 @@ class SimulatedDevice:
     def __call__(self, images: list[Any], **kw: Any) -> list[Any]:
         predict_ms, replay_ms = self.cost(len(images))
         host = max(0.0, predict_ms - replay_ms) / 2e3
-        time.sleep(host)  # upload, letterbox launch
+        self.wait(host)  # upload, letterbox launch
         with self.gpu:
             time.sleep(replay_ms / 1e3)
-        time.sleep(host)  # read-back, Results
+        self.wait(host)  # read-back, Results
         return [None] * len(images)
 
 
@@ -92,12 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         "max_batch=32", "max_batch=32,in_flight=1", "max_batch=32,in_flight=3", "max_batch=16",
         "max_batch=16,in_flight=3"],
         help="Batcher keyword sets, e.g. max_batch=16,in_flight=2,max_wait_ms=2")
+    ap.add_argument("--host", choices=("sleep", "gil"), default="sleep",
+                    help="the host part of a batch (predict - replay ms) as a sleep or as Python work holding the GIL")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from libreyolo import LibreYOLO
 
     model = LibreYOLO("LibreYOLO9t.yaml")
-    device = SimulatedDevice(H200_COMPILED)
+    device = SimulatedDevice(H200_COMPILED, args.host)
     rows = []
     print(f"{'setting':<32} {'policy':<9} {'req/s':>8} {'p50':>7} {'p99':>7} {'max':>7} {'batch':>6}")
     for setting in args.settings:
@@ -111,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{setting:<32} {policy:<9} {row['req_per_s']:>8.1f} {row['p50_ms']:>7.2f} {row['p99_ms']:>7.2f} "
                   f"{row['max_ms']:>7.2f} {row['mean_batch']:>6.2f}", flush=True)
-    report = {"command": " ".join([sys.executable, *sys.argv]), "table_ms": H200_COMPILED, "rows": rows}
+    report = {"command": " ".join([sys.executable, *sys.argv]), "table_ms": H200_COMPILED, "host": args.host,
+              "rows": rows}
     if args.json:
         write_json(args.json, report)
     return 0
