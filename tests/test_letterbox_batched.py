@@ -61,3 +61,22 @@ def test_place_batch_of_uploaded_frames_equals_the_per_image_path(lb, n, bgr, hw
     got = lb.place_batch(frames, bgr)
     assert torch.equal(got, want)
     assert lb.metas_for(*hw, n) == metas
+
+
+@pytest.mark.parametrize("method", ["opencv-linear", "pil-bilinear"])
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("bgr", [False, True], ids=["rgb", "bgr"])
+@pytest.mark.parametrize("hw", [(50, 80), (200, 40), (96, 96)], ids=["wide", "tall-shrunk", "exact"])
+def test_stretch_place_batch_equals_the_per_image_path(method, n, bgr, hw):
+    """DETR's stretch: one batched 8-bit resize of the uploaded frames (what the whole-pipeline graph then
+    holds) gives each image the numbers it gets alone, bit for bit, and the same metas."""
+    from libreyolo.data.sources import SourceImage
+    from libreyolo.ops.stretch import Stretch
+
+    st = Stretch(96, method=method)
+    frames = torch.randint(0, 256, (n, *hw, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    images = [SourceImage(frames[i], bgr=bgr).orient(frames[i]) for i in range(n)]
+    want, metas = st(images)
+    got = st.place_batch(frames, bgr)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    assert st.metas_for(*hw, n) == metas

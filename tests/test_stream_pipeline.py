@@ -130,6 +130,31 @@ def test_a_batch_of_same_size_frames_is_letterboxed_whole_without_per_image_reor
     _same(got, plain)
 
 
+@pytest.mark.parametrize("arch", ["LibreRTDETRr18.yaml", "LibreDFINEn.yaml"])
+def test_detr_frames_are_stretched_whole_inside_the_graph_with_the_per_image_numbers(forced_staging, monkeypatch,
+                                                                                    arch):
+    """DETR's stretch preprocessing has a batched form too (Stretch.place_batch): same-size frames are
+    resized as one batch, eagerly and inside the stretch+pipeline graph, with the per-image path's
+    detections bit for bit."""
+    from libreyolo.engine.pipeline import FRAMES_AFTER
+    from libreyolo.graphs.backend import EmulatedGraphBackend
+
+    detr = LibreYOLO(arch)
+    torch.manual_seed(0)
+    detr._graph_backend = EmulatedGraphBackend()
+    monkeypatch.setattr(predictor_mod, "side_stream", lambda device: None)
+    frames = [ARRAYS[3], np.ascontiguousarray(ARRAYS[3][::-1])]  # BGR, one size, two different frames
+    kw = {"batch": 2, "workers": 0, "imgsz": IMGSZ, "conf": 0.01}
+    eager = detr.predict(frames, **kw)
+    for _ in range(FRAMES_AFTER + 1):
+        got = detr.predict(frames, cuda_graph=True, **kw)
+    assert "letterbox+pipeline" in {g["program"] for g in detr.graph_info()["graphs"]}
+    monkeypatch.setattr(predictor_mod, "staging_wanted", lambda device: False)
+    plain = detr.predict(frames, **kw)  # per-image uploads, reorders and stretch
+    _same(eager, plain)
+    _same(got, plain)
+
+
 def test_tensor_and_float_inputs_skip_staging_and_still_agree(model, plain, forced_staging):
     mixed = [ARRAYS[0], torch.from_numpy(ARRAYS[1]).permute(2, 0, 1).float() / 255, ARRAYS[2],
              torch.from_numpy(ARRAYS[3]).permute(2, 0, 1), *ARRAYS[4:]]  # float, CHW (a strided view)

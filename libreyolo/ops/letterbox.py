@@ -179,8 +179,7 @@ class Letterbox:
         if (new_h, new_w) != (h, w) and self.resize != "bilinear":
             from libreyolo.ops.stretch import resize_u8
 
-            for i in range(imgs.shape[0]):
-                region[i].copy_(resize_u8(imgs[i], new_h, new_w, self.resize))
+            region.copy_(resize_u8(imgs, new_h, new_w, self.resize))  # the run at once, each image's numbers
             if self.divisor != 1.0:
                 region.div_(self.divisor)
         elif (new_h, new_w) != (h, w):

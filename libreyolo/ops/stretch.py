@@ -89,14 +89,15 @@ def _on_device(table: Any, src: int, dst: int, device: torch.device, *flags: boo
 
 
 def _resize_opencv(img: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
-    """(C, H, W) uint8 -> (C, h_out, w_out) uint8, equal to ``cv2.resize(..., INTER_LINEAR)``."""
-    _, h, w = img.shape
+    """(..., C, H, W) uint8 -> (..., C, h_out, w_out) uint8, equal to ``cv2.resize(..., INTER_LINEAR)``
+    per image (integer arithmetic: a batch gives each image's own numbers)."""
+    h, w = int(img.shape[-2]), int(img.shape[-1])
     dev = img.device
     x0, x1, a0, a1 = _on_device(_opencv_axis, w, w_out, dev, True)
     y0, y1, b0, b1 = _on_device(_opencv_axis, h, h_out, dev, False)
     src = img.to(torch.int32)
-    rows = src[:, :, x0] * a0 + src[:, :, x1] * a1          # (C, h, w_out), scaled by 2^11
-    s0, s1 = rows[:, y0] >> 4, rows[:, y1] >> 4             # as the SIMD kernel packs them to 16 bit
+    rows = src[..., x0] * a0 + src[..., x1] * a1            # (..., C, h, w_out), scaled by 2^11
+    s0, s1 = rows[..., y0, :] >> 4, rows[..., y1, :] >> 4   # as the SIMD kernel packs them to 16 bit
     out = ((s0 * b0[:, None]) >> 16) + ((s1 * b1[:, None]) >> 16)
     return ((out + 2) >> 2).clamp_(0, 255).to(torch.uint8)
 
@@ -131,10 +132,10 @@ def _pil_pass(img: torch.Tensor, src: int, dst: int, dim: int) -> torch.Tensor:
     index, weight = _on_device(_pil_axis, src, dst, img.device)
     acc = None
     for t in range(index.shape[1]):
-        if dim == 2:
-            term = img[:, :, index[:, t]] * weight[:, t]
-        else:
-            term = img[:, index[:, t]] * weight[:, t][:, None]
+        if dim == 2:  # columns (the last dimension)
+            term = img[..., index[:, t]] * weight[:, t]
+        else:         # rows
+            term = img[..., index[:, t], :] * weight[:, t][:, None]
         acc = term if acc is None else acc + term
     acc = acc + (1 << (_PIL_BITS - 1))
     return (acc >> _PIL_BITS).clamp_(0, 255)
@@ -160,8 +161,9 @@ def pil_vertical_first(h: int, w: int, h_out: int, w_out: int) -> bool:
 
 
 def _resize_pil(img: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
-    """(C, H, W) uint8 -> (C, h_out, w_out) uint8, equal to Pillow's ``resize(..., BILINEAR)``."""
-    _, h, w = img.shape
+    """(..., C, H, W) uint8 -> (..., C, h_out, w_out) uint8, equal to Pillow's ``resize(..., BILINEAR)``
+    per image."""
+    h, w = int(img.shape[-2]), int(img.shape[-1])
     x = img.to(torch.int64)
     if pil_vertical_first(h, w, h_out, w_out):
         x = _pil_pass(x, h, h_out, 1)
@@ -176,7 +178,8 @@ def _resize_pil(img: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
 
 
 def resize_u8(img: torch.Tensor, h_out: int, w_out: int, method: str) -> torch.Tensor:
-    """Resize one (C, H, W) uint8 image with a reference pipeline's 8-bit arithmetic."""
+    """Resize a (C, H, W) uint8 image, or a (B, C, H, W) batch of them, with a reference pipeline's
+    8-bit arithmetic (each image of a batch gets the numbers it gets alone)."""
     if method not in METHODS:
         raise ValueError(f"resize method must be one of {METHODS}, got {method!r}")
     if tuple(img.shape[-2:]) == (h_out, w_out):
@@ -235,3 +238,18 @@ class Stretch:
                 out[i].div_(255.0)
             metas.append(StretchMeta((h, w), (s, s)))
         return out, metas
+
+    def place_batch(self, frames: torch.Tensor, bgr: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The network input of a batch of same-size 8-bit frames as they were uploaded: ``frames``
+        (B, H, W, 3), RGB or ``bgr``; one batched resize, the numbers of :meth:`__call__` on the
+        frames reordered one by one (integer resizing). Fixed shapes and no host work, so the
+        whole-pipeline CUDA graph can hold it (:meth:`Letterbox.place_batch`'s counterpart)."""
+        x = frames.permute(0, 3, 1, 2)
+        x = x.flip(1) if bgr else x
+        out = torch.empty((x.shape[0], 3, self.size, self.size), device=frames.device, dtype=dtype)
+        out.copy_(resize_u8(x, self.size, self.size, self.method))
+        return out.div_(255.0)
+
+    def metas_for(self, h: int, w: int, n: int) -> list[StretchMeta]:
+        """The metas of ``n`` images of ``h`` x ``w`` (what :meth:`__call__` returns for them)."""
+        return [StretchMeta((h, w), (self.size, self.size))] * n
