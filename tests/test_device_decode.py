@@ -173,6 +173,13 @@ def test_the_device_decoded_batch_is_letterboxed_whole_with_the_host_paths_numbe
         assert torch.equal(a.boxes.xyxy, b.boxes.xyxy) and torch.equal(a.boxes.conf, b.boxes.conf)
 
 
+def test_the_pixel_limit_is_checked_from_the_header_before_the_bytes_are_read(tmp_path, monkeypatch):
+    path = _jpeg(tmp_path / "big.jpg", _photo(1, 60, 80))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 60 * 80 - 1)
+    with pytest.raises(ImageError, match="refusing to decode"):
+        read_for_device(path)
+
+
 def test_decode_option_errors_name_the_value_and_the_fix(tmp_path, monkeypatch):
     model = LibreYOLO("LibreYOLO9t-shapes.pt")
     path = _jpeg(tmp_path / "a.jpg", _photo(1))

@@ -225,26 +225,24 @@ class EncodedJPEG:
 
 def read_for_device(path: Path) -> SourceImage | EncodedJPEG:
     """``path``'s bytes when it is a JPEG the device decoder takes (8-bit RGB or grayscale; not CMYK),
-    checked against the pixel limit from its header; any other image decoded here, as without
-    ``decode="cuda"``."""
+    checked against the pixel limit from its header before its bytes are read; any other image
+    decoded here, as without ``decode="cuda"``."""
     from PIL import Image
 
     with _open_file(path) as f:
-        data = f.read()
-    if not data:
-        raise ImageError(f"cannot read image {path}: the file is empty (0 bytes)")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:  # the header only: nothing is decoded here
-                fmt, mode, size = img.format, img.mode, img.size
-                orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
-    except Exception:  # not an image Pillow knows, or hostile: Pillow's own decode says why
-        fmt = None
-    if fmt == "JPEG" and mode in ("RGB", "L") and min(size) > 0:
-        check_pixels(size[0], size[1], str(path))
-        return EncodedJPEG(data, str(path), orientation if orientation in range(2, 9) else 1)
-    arr = read_image_bytes(data, str(path))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(f) as img:  # the header only: nothing is decoded here
+                    fmt, mode, size = img.format, img.mode, img.size
+                    orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
+        except Exception:  # not an image Pillow knows, or hostile: Pillow's own decode says why
+            fmt = None
+        f.seek(0)
+        if fmt == "JPEG" and mode in ("RGB", "L") and min(size) > 0:
+            check_pixels(size[0], size[1], str(path))
+            return EncodedJPEG(f.read(), str(path), orientation if orientation in range(2, 9) else 1)
+        arr = _decode(f, str(path))
     return SourceImage(_as_tensor(arr), str(path), arr, from_file=True)
 
 
