@@ -109,7 +109,8 @@ def forward_rate(model, batch: int, imgsz: int, half: bool, graph: bool, repeats
 def decode_agreement(files: list[Path], images: list[np.ndarray], device: torch.device) -> dict:
     """nvJPEG's pixels against Pillow's for ``files`` (mean and max absolute difference, share of equal
     values), next to each decoder's distance from the frames before compression (the codec's own error)."""
-    from libreyolo.data.sources import decode_on_device, read_for_device, read_image_file
+    from libreyolo.data.device_decode import decode_on_device, read_for_device
+    from libreyolo.data.sources import read_image_file
 
     gpu = [img.pixels.permute(1, 2, 0).cpu().numpy().astype(np.int16)
            for img in decode_on_device([read_for_device(f) for f in files], device)]

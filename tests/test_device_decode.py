@@ -1,4 +1,4 @@
-"""JPEG files decoded on the device: ``predict(decode="cuda")`` (libreyolo/data/sources.py).
+"""JPEG files decoded on the device: ``predict(decode="cuda")`` (libreyolo/data/device_decode.py).
 
     PYTHONPATH=. python3 -m pytest tests/test_device_decode.py          # CPU: the plumbing
     PYTHONPATH=. python3 -m pytest -m gpu tests/test_device_decode.py   # nvJPEG itself (the H200)
@@ -20,10 +20,12 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+import libreyolo.data.device_decode as decode_mod
 import libreyolo.data.sources as sources_mod
 import libreyolo.engine.predictor as predictor_mod
 from libreyolo import LibreYOLO
-from libreyolo.data.sources import EncodedJPEG, open_sources, read_for_device, read_image_file
+from libreyolo.data.device_decode import EncodedJPEG, read_for_device
+from libreyolo.data.sources import open_sources, read_image_file
 from libreyolo.engine.stream import StagingPool, stage
 from libreyolo.errors import ArgumentError, ImageError, MissingDependencyError
 
@@ -68,7 +70,7 @@ def fake_nvjpeg(monkeypatch):
             return _pillow_decoder(datas, device)
         return decode
 
-    monkeypatch.setattr(sources_mod, "device_decoder", decoder)
+    monkeypatch.setattr(decode_mod, "device_decoder", decoder)
     return calls
 
 
@@ -82,7 +84,7 @@ def test_the_exif_turn_after_device_decoding_is_pillows(tmp_path, orientation):
     encoded = read_for_device(path)
     assert isinstance(encoded, EncodedJPEG) and encoded.orientation == orientation
     stored = torch.from_numpy(np.asarray(Image.open(path).convert("RGB")).copy()).permute(2, 0, 1)
-    turned = sources_mod._upright_chw(stored, orientation).permute(1, 2, 0).numpy()
+    turned = decode_mod._upright_chw(stored, orientation).permute(1, 2, 0).numpy()
     want = np.asarray(ImageOps.exif_transpose(Image.open(path)).convert("RGB"))
     assert turned.shape == want.shape and np.array_equal(turned, want)
 
@@ -189,7 +191,7 @@ def test_decode_option_errors_name_the_value_and_the_fix(tmp_path, monkeypatch):
         model.predict(str(path), decode="cuda", imgsz=IMGSZ, device="cpu")
     monkeypatch.setitem(sys.modules, "torchvision.io", None)  # import fails as when it is not installed
     with pytest.raises(MissingDependencyError, match=r"libreyolo\[gpu-decode\]"):
-        sources_mod.device_decoder()
+        decode_mod.device_decoder()
 
 
 def test_cli_decode_on_the_cpu_is_one_clean_line(tmp_path):
@@ -222,7 +224,7 @@ def test_gpu_nvjpeg_agrees_with_pillow_far_closer_than_either_with_the_source(tm
         Image.fromarray(arr).save(folder / f"{i}.jpg", quality=90, subsampling=subsampling)
     files = sorted(folder.iterdir(), key=lambda p: int(p.stem))
     gpu = [img.pixels.permute(1, 2, 0).cpu().numpy().astype(np.int16)
-           for img in sources_mod.decode_on_device([read_for_device(f) for f in files], device)]
+           for img in decode_mod.decode_on_device([read_for_device(f) for f in files], device)]
     pil = [read_image_file(f).astype(np.int16) for f in files]
     src = [a.astype(np.int16) for a in sources]
     between = np.mean([np.abs(g - p).mean() for g, p in zip(gpu, pil, strict=True)])

@@ -14,7 +14,6 @@ orientation is applied to files and PIL images: boxes refer to the upright image
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
@@ -212,115 +211,6 @@ def check_pixels(width: int, height: int, where: str) -> None:
         )
 
 
-# --- JPEG files decoded on the device: predict(decode="cuda") -------------------------------------
-@dataclass
-class EncodedJPEG:
-    """A JPEG file read, not decoded, on a worker thread (its header checked like any image's): it is
-    decoded on the device with the rest of its batch (:func:`decode_on_device`)."""
-
-    data: bytes
-    path: str
-    orientation: int = 1  # EXIF orientation (1: upright), applied after decoding as Pillow applies it
-
-
-def read_for_device(path: Path) -> SourceImage | EncodedJPEG:
-    """``path``'s bytes when it is a JPEG the device decoder takes (8-bit RGB or grayscale; not CMYK),
-    checked against the pixel limit from its header before its bytes are read; any other image
-    decoded here, as without ``decode="cuda"``."""
-    from PIL import Image
-
-    with _open_file(path) as f:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                with Image.open(f) as img:  # the header only: nothing is decoded here
-                    fmt, mode, size = img.format, img.mode, img.size
-                    orientation = img.getexif().get(_EXIF_ORIENTATION, 1)
-        except Exception:  # not an image Pillow knows, or hostile: Pillow's own decode says why
-            fmt = None
-        f.seek(0)
-        if fmt == "JPEG" and mode in ("RGB", "L") and min(size) > 0:
-            check_pixels(size[0], size[1], str(path))
-            return EncodedJPEG(f.read(), str(path), orientation if orientation in range(2, 9) else 1)
-        arr = _decode(f, str(path))
-    return SourceImage(_as_tensor(arr), str(path), arr, from_file=True)
-
-
-def _upright_chw(t: torch.Tensor, orientation: int) -> torch.Tensor:
-    """A CHW image turned as EXIF ``orientation`` says, the transposition Pillow's ``exif_transpose`` makes."""
-    h, w = 1, 2
-    return {
-        2: lambda: t.flip(w),                        # mirrored
-        3: lambda: t.flip(h).flip(w),                # rotated 180
-        4: lambda: t.flip(h),                        # flipped
-        5: lambda: t.transpose(h, w),                # transposed
-        6: lambda: t.transpose(h, w).flip(w),        # rotated 90 clockwise to be upright
-        7: lambda: t.transpose(h, w).flip(h).flip(w),  # transversed
-        8: lambda: t.transpose(h, w).flip(h),        # rotated 90 counter-clockwise to be upright
-    }.get(orientation, lambda: t)().contiguous()
-
-
-def device_decoder() -> Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]:
-    """The device JPEG decoder: JPEG bitstreams to CHW RGB uint8 tensors on a CUDA device, in one
-    batched nvJPEG call (``torchvision.io.decode_jpeg``), or :class:`MissingDependencyError` naming the extra."""
-    from libreyolo.errors import MissingDependencyError, require
-
-    try:
-        tv_io = require("torchvision.io", "gpu-decode", 'predict(decode="cuda")')
-    except MissingDependencyError:
-        raise
-    except Exception as exc:  # installed but unusable, e.g. built for another torch
-        raise MissingDependencyError(
-            f'predict(decode="cuda") needs torchvision built for this torch ({torch.__version__}), but importing '
-            f"it failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; install the matching "
-            "torchvision (pip install 'libreyolo[gpu-decode]') or use decode=\"cpu\"") from None
-
-    def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-        return tv_io.decode_jpeg(datas, mode=tv_io.ImageReadMode.RGB, device=device)
-
-    return decode
-
-
-def decode_on_device(items: list[EncodedJPEG], device: torch.device) -> list[SourceImage | ImageError]:
-    """``items`` decoded on ``device`` in one call, upright, as CHW RGB ``SourceImage``s (``from_file``:
-    plotting reads the file again). Should the batched call fail (a corrupt stream, one nvJPEG cannot
-    take), each is decoded alone, and one the device cannot decode is decoded by Pillow on the host:
-    an image nvJPEG refuses still gets its result, a corrupt one its :class:`ImageError`.
-    The decoded tensors are complete when this returns (the calling thread waited for them)."""
-    if not items:
-        return []
-    decode = device_decoder()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # bytes are read-only; the decoder only reads them
-        datas = [torch.frombuffer(e.data, dtype=torch.uint8) for e in items]
-    # on a stream of its own, waited for here: the legacy default stream would also wait for (and hold up)
-    # the forward running on the compute stream; users of the tensors record their streams (staging)
-    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        try:
-            decoded: list[Any] = list(decode(datas, device))
-        except Exception:
-            decoded = []
-            for d in datas:
-                try:
-                    decoded.append(decode([d], device)[0])
-                except Exception:
-                    decoded.append(None)
-    if stream is not None:
-        stream.synchronize()
-    out: list[SourceImage | ImageError] = []
-    for e, t in zip(items, decoded, strict=True):
-        if t is None:
-            try:
-                arr = read_image_bytes(e.data, e.path)
-                out.append(SourceImage(_as_tensor(arr), e.path, arr, from_file=True))
-            except ImageError as exc:
-                out.append(exc)
-            continue
-        out.append(SourceImage(_upright_chw(t, e.orientation), e.path, None, hwc=False, from_file=True))
-    return out
-
-
 # --- in-memory inputs ----------------------------------------------------------------------------
 def _check_array(arr: np.ndarray, where: str) -> None:
     shape = arr.shape
@@ -433,11 +323,15 @@ class _Pending:
     path: Path | None = None  # set for files: the only inputs that can be unreadable at load time
 
 
-def _load(item: _Pending, decode_on: torch.device | None = None) -> SourceImage | EncodedJPEG | ImageError:
+def _load(item: _Pending, decode_on: torch.device | None = None) -> SourceImage | Any | ImageError:
     """The decoded image (a JPEG file only read, with ``decode_on``), or the :class:`ImageError` that
     says why not (raised where it is used)."""
     try:
-        return read_for_device(item.path) if decode_on is not None and item.path is not None else item.load()
+        if decode_on is not None and item.path is not None:
+            from libreyolo.data.device_decode import read_for_device
+
+            return read_for_device(item.path)
+        return item.load()
     except ImageError as exc:
         return exc
 
@@ -456,7 +350,7 @@ class Sources:
     single: bool
     skipped: list[tuple[str, str]] = field(default_factory=list)
     on_device: bool = False  # some image is a tensor already on a device (nothing to decode or upload)
-    decode_on: torch.device | None = None  # decode JPEG files on this (CUDA) device: predict(decode="cuda")
+    decode_on: torch.device | None = None  # JPEG files decoded on this device (libreyolo.data.device_decode)
 
     @property
     def total(self) -> int | None:
@@ -480,7 +374,7 @@ class Sources:
         most the rest of the current batch at a time: never more images than one batch in memory
         on account of decoding ahead, and the same images in the same order as ``workers=0``.
         """
-        chunk: list[SourceImage | EncodedJPEG] = []
+        chunk: list[Any] = []  # SourceImage, or EncodedJPEG with decode_on
         for item, loaded in self._decoded(workers, lambda: size - len(chunk)):
             if isinstance(loaded, ImageError):
                 self._skip(loaded, item.path, skip_unreadable)
@@ -499,9 +393,13 @@ class Sources:
         self.skipped.append((str(path), str(error)))
         LOGGER.warning("skipping %s", error)
 
-    def _finished(self, chunk: list[SourceImage | EncodedJPEG], skip_unreadable: bool) -> list[SourceImage]:
+    def _finished(self, chunk: list[Any], skip_unreadable: bool) -> list[SourceImage]:
         """The batch with its JPEG files decoded on the device (one call), in order; any file that
         turns out unreadable there is skipped (or raises) as on the host."""
+        if self.decode_on is None:
+            return chunk  # type: ignore[return-value]
+        from libreyolo.data.device_decode import EncodedJPEG, decode_on_device
+
         encoded = [img for img in chunk if isinstance(img, EncodedJPEG)]
         if not encoded:
             return chunk  # type: ignore[return-value]

@@ -182,8 +182,8 @@ class Predictor:
         CPU: one batch decoded when it comes). The results are the same for every value
         (:mod:`libreyolo.engine.stream`).
 
-        ``decode``: ``"cpu"`` (Pillow, on the ``workers`` threads) or ``"cuda"``: JPEG files are read
-        on the workers and decoded on the (CUDA) device by nvJPEG, a batch in one call
+        ``decode``: ``"cpu"`` (Pillow, on the ``workers`` threads) or ``"cuda"``: JPEG files are only
+        read on the host and decoded on the (CUDA) device by nvJPEG, a batch in one call
         (``torchvision``, extra ``gpu-decode``); other files, and JPEGs nvJPEG cannot take, are
         decoded by Pillow. nvJPEG's pixels differ slightly from Pillow's (README). Its default
         ``workers`` is 0 (one thread reads, decodes and runs each batch: the fastest measured).
@@ -360,7 +360,7 @@ class Predictor:
 def _device_decoding(device: torch.device) -> torch.device:
     """The device ``decode="cuda"`` decodes on (``device`` itself), checked: a CUDA device and a
     usable torchvision."""
-    from libreyolo.data.sources import device_decoder
+    from libreyolo.data.device_decode import device_decoder
 
     if device.type != "cuda":
         raise ArgumentError(f'decode="cuda" decodes JPEG files on a CUDA device, but this predict runs on '
