@@ -240,3 +240,37 @@ def test_gpu_nvjpeg_agrees_with_pillow_far_closer_than_either_with_the_source(tm
     b = model.predict(str(folder), decode="cpu", workers=2, **kw)
     assert [r.path for r in a] == [r.path for r in b] and [r.orig_shape for r in a] == [r.orig_shape for r in b]
     assert a[-1].orig_shape == (70, 40)  # upright
+
+
+@pytest.mark.gpu
+def test_gpu_decoding_while_the_device_is_busy_gives_the_idle_devices_pixels(tmp_path):
+    """torchvision's decoder writes its outputs on its own stream without waiting for the caller's
+    (pytorch/vision PR #9606), so the call goes through this thread's own high-priority stream, which
+    queues nothing else. Decoding the same files while the compute stream frees memory its queued kernels
+    still read (the upstream report's setting) gives, bit for bit, what an idle device decodes, and the
+    readers' sums are untouched."""
+    pytest.importorskip("torchvision", reason="decode='cuda' needs torchvision (extra gpu-decode)")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = torch.device("cuda", torch.cuda.current_device())
+    files = []
+    for i in range(8):
+        files.append(tmp_path / f"{i}.jpg")
+        Image.fromarray(_photo(i, 240, 320)).save(files[-1], quality=90)
+    items = [read_for_device(f) for f in files]
+    idle = [img.pixels.clone() for img in decode_mod.decode_on_device(items, device)]
+    stream = decode_mod.decode_stream(device)
+    assert stream is decode_mod.decode_stream(device) and stream != torch.cuda.current_stream(device)
+    assert stream.priority < torch.cuda.current_stream(device).priority
+    big = torch.randn(4096, 4096, device=device)
+    for _ in range(5):
+        filled = [torch.full((3, 240, 320), 7, dtype=torch.uint8, device=device) for _ in range(8)]
+        torch.cuda.synchronize()
+        for _ in range(20):  # a long queue on the compute stream, then readers of the filled tensors
+            big = (big @ big).tanh_()
+        sums = [t.sum(dtype=torch.int64) for t in filled]
+        del filled  # freed while their readers are still queued
+        busy = decode_mod.decode_on_device(items, device)
+        torch.cuda.synchronize()
+        assert [int(s) for s in sums] == [7 * 3 * 240 * 320] * 8
+        assert all(torch.equal(a, b.pixels) for a, b in zip(idle, busy, strict=True))

@@ -10,6 +10,7 @@ calls these when its ``decode_on`` is set.
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,6 +99,28 @@ def device_decoder() -> Callable[[list[torch.Tensor], torch.device], list[torch.
     return decode
 
 
+_THREAD = threading.local()
+
+
+def decode_stream(device: torch.device) -> Any:
+    """The stream this thread calls the device decoder on (one per thread and device, made once).
+
+    torchvision's decoder allocates its output tensors on the caller's current stream but writes them
+    on a stream of its own, without waiting for the caller's stream first (pytorch/vision PR #9606):
+    memory the caller's stream freed while its queued kernels still read it may be handed out and
+    overwritten. So the caller's stream here queues nothing else and is waited for after every call:
+    it is this thread's own, and it comes from CUDA's high-priority stream pool, which nothing else in
+    LibreYOLO draws from (staging and the feeder use default-priority streams, as torchvision's decoder
+    does), so it is never a stream another part of the pipeline has queued work on.
+    """
+    streams = _THREAD.__dict__.setdefault("streams", {})
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in streams:
+        # a negative priority is a higher one (mapped to the highest the device has)
+        streams[key] = torch.cuda.Stream(torch.device("cuda", key), priority=-1)
+    return streams[key]
+
+
 def decode_on_device(items: list[EncodedJPEG], device: torch.device) -> list[SourceImage | ImageError]:
     """``items`` decoded on ``device`` in one call, upright, as CHW RGB ``SourceImage``s (``from_file``:
     plotting reads the file again). Should the batched call fail (a corrupt stream, one nvJPEG cannot
@@ -110,9 +133,9 @@ def decode_on_device(items: list[EncodedJPEG], device: torch.device) -> list[Sou
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # bytes are read-only; the decoder only reads them
         datas = [torch.frombuffer(e.data, dtype=torch.uint8) for e in items]
-    # on a stream of its own, waited for here: the legacy default stream would also wait for (and hold up)
-    # the forward running on the compute stream; users of the tensors record their streams (staging)
-    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    # on this thread's decode stream (see decode_stream), waited for here; users of the tensors on other
+    # streams record them there (libreyolo.engine.stream.stage)
+    stream = decode_stream(device) if device.type == "cuda" else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         try:
             decoded: list[Any] = list(decode(datas, device))

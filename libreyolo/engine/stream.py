@@ -271,8 +271,13 @@ def stage(chunk: list[SourceImage], device: torch.device, pool: StagingPool,
             for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
                 if off is not None:
                     tensors[i] = (img, flat[off:off + img.pixels.numel()].view(img.pixels.shape))
+        here = torch.cuda.current_stream(device) if device.type == "cuda" else None
         for i, (img, off) in enumerate(zip(chunk, offsets, strict=True)):
             if off is None:
+                if here is not None and img.pixels.device == here.device:
+                    # already on the device, made on another stream (decode="cuda"): the allocator must
+                    # not reuse its memory before this stream has read it (stacked, reordered) too
+                    img.pixels.record_stream(here)
                 t = img.to_device(device)
                 owned.append(t)
                 tensors[i] = t
