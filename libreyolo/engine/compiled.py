@@ -262,33 +262,45 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
     run; row sets and exclusive groups are realigned as the validator does; cosine floors are the
     contract's. Returns ``passed``, the worst ``ratio`` to the allowance and a one-line summary.
     """
-    from libreyolo.export.validate import _cosine, _drifts, align_row_sets, compare_group
+    from libreyolo.export import selection
+    from libreyolo.export.validate import _cosine, _drifts, align_row_sets, compare_group, selection_edges
     from libreyolo.utils.tolerance import FLOAT32_MULTIPLE, FP16_DRIFT_FACTOR, align_exclusive, allowance, groups_for
 
     contract = family.export
     named = family.named_outputs
     ref_device = batch.device if batch.device.type == "cuda" else torch.device("cpu")
+    picked = contract.selection if contract.row_sets else None
     with torch.inference_mode():
-        eager = _cpu(named(module(batch)))
-        e64 = {k: v.double() for k, v in _cpu(named(_converted(module, torch.float64, ref_device)(
-            batch.to(ref_device, torch.float64)))).items()}
+        raw, s_eager = selection.selection_runs(module, picked, batch)
+        eager = _cpu(named(raw))
+        net64 = _converted(module, torch.float64, ref_device)
+        raw, s64 = selection.selection_runs(net64, picked, batch.to(ref_device, torch.float64))
+        e64 = {k: v.double() for k, v in _cpu(named(raw)).items()}
         if batch.dtype == torch.float32:
-            run: dict[str, Any] = {"eager": eager, "e64": e64, "e16": None}
+            run: dict[str, Any] = {"eager": eager, "e64": e64, "e16": None, "selection": (s_eager, s64, None)}
         else:  # judged like an fp16 artifact: float32 drift, plus the fp16 drift from float32
-            eager32 = _cpu(named(_converted(module, torch.float32, batch.device)(batch.float())))
-            run = {"eager": eager32, "e64": e64, "e16": {k: v.float() for k, v in eager.items()}}
+            net32 = _converted(module, torch.float32, batch.device)
+            raw, s32 = selection.selection_runs(net32, picked, batch.float())
+            eager32 = _cpu(named(raw))
+            run = {"eager": eager32, "e64": e64, "e16": {k: v.float() for k, v in eager.items()},
+                   "selection": (s32, s64, s_eager)}
     groups = groups_for(contract.groups, run["eager"])
     d32, d16 = _drifts(groups, [run], contract.row_sets, {})
+    selection_edges([run], contract.row_sets)
     allowed = allowance(groups, e64, d32, d16, eager=run["eager_aligned"])
     precision = "fp32" if batch.dtype == torch.float32 else "fp16"
     min_cos = contract.cosine_floor("compile", precision, batch.device.type)
     worst: dict[str, Any] = {"ratio": 0.0, "group": None}
+    notes: list[str] = []
     for n, got in enumerate(candidates, 1):
         got = _cpu(got)
         compared, moved = align_row_sets(e64, got, contract.row_sets, allowed=allowed)
         if moved > contract.max_moved_rows:
             return {"passed": False, "ratio": float("inf"),
                     "line": f"run {n}: {moved} query rows out of order (at most {contract.max_moved_rows} allowed)"}
+        compared, excused = selection.excuse_rows(e64, compared, contract.row_sets, allowed, run["edges"], raw=got)
+        if any(excused):
+            notes.append(f"run {n}: " + selection.describe(excused, run["edges"]))
         for g in groups:
             out = g.output
             if out not in got:
@@ -307,7 +319,7 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
             if check["ratio"] >= worst["ratio"]:
                 worst = {"ratio": check["ratio"], "group": check["group"]}
     return {"passed": True, "ratio": worst["ratio"],
-            "line": f"worst {worst['ratio']:.3g}x the allowance ({worst['group']})"}
+            "line": f"worst {worst['ratio']:.3g}x the allowance ({worst['group']})" + "".join(f"; {t}" for t in notes)}
 
 
 def _describe(check: dict[str, Any]) -> str:

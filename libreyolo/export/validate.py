@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from libreyolo.export import selection
 from libreyolo.export.base import Exporter, ExportOptions
 from libreyolo.export.matching import match_classes, match_detections  # noqa: F401 - contracts name them here
 from libreyolo.export.module import ExportModule
@@ -299,25 +300,45 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
     the artifact."""
     family = model.family
     dtype = next(model.net.parameters()).dtype
+    picked = family.export.selection if family.export.row_sets and reference.nms is None else None
     runs = []
     for picks, x in _progress(batches, "validating"):
         x_ref = x.to(model.device, dtype)
         with torch.inference_mode():
-            eager = family.named_outputs(model.net(x_ref))
-            e64 = as_float64(family.named_outputs(net64(x.double().cpu())))
+            raw, s32 = selection.selection_runs(model.net, picked, x_ref)
+            eager = family.named_outputs(raw)
+            raw, s64 = selection.selection_runs(net64, picked, x.double().cpu())
+            e64 = as_float64(family.named_outputs(raw))
             ref = eager if reference.nms is None else dict(zip(
                 reference.output_names(), reference.nms(eager[family.export.nms_input], x_ref), strict=True))
-            e16 = None
+            e16 = s16 = None
             if half_net is not None:
                 floor_dtype = next((t.dtype for t in half_net.parameters() if t.is_floating_point()), torch.float32)
-                e16 = family.named_outputs(half_net(x.to(model.device, floor_dtype)))
-                e16 = {k: v.float() for k, v in e16.items()}
+                raw, s16 = selection.selection_runs(half_net, picked, x.to(model.device, floor_dtype))
+                e16 = {k: v.float() for k, v in family.named_outputs(raw).items()}
         got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
         # compared on the CPU (the float64 reference is there); the artifact's outputs also stay
         # on its own device, whose decoding predict() must reproduce exactly
         runs.append({"picks": picks, "x": x, "eager": _cpu(eager), "e64": e64, "e16": _cpu(e16), "ref": _cpu(ref),
-                     "got": _cpu(got), "got_device": got})
+                     "got": _cpu(got), "got_device": got, "selection": (s32, s64, s16)})
     return runs
+
+
+def selection_edges(runs: list[dict], row_sets: tuple[str, ...]) -> None:
+    """Each run's :class:`~libreyolo.export.selection.Boundary` per image (``run["edges"]``), from the
+    selection scores tapped in it, with the eager model's largest score errors over all runs."""
+    scored = [r for r in runs if r.get("selection") and r["selection"][0] is not None
+              and r["selection"][1] is not None and row_sets and row_sets[0] in r["e64"]]
+    d32 = max((float((r["selection"][0] - r["selection"][1]).abs().max()) for r in scored), default=0.0)
+    halves = [r for r in scored if r["selection"][2] is not None]
+    d16 = max((float((r["selection"][2] - r["selection"][0]).abs().max()) for r in halves), default=0.0)
+    ids = {id(r) for r in scored}
+    for r in runs:
+        r["edges"] = []
+        if id(r) in ids:
+            s32, s64, s16 = r["selection"]
+            r["edges"] = selection.boundaries(s32, s64, r["e64"][row_sets[0]].shape[1], s16, d32,
+                                              d16 if s16 is not None else None)
 
 
 def _cpu(outputs: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
@@ -413,6 +434,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     groups = groups_for(contract.groups, runs[0]["eager"])
     decisions: dict[str, int] = {}
     d32, d16 = _drifts(groups, runs, contract.row_sets, decisions, quant_floor)
+    selection_edges(runs, contract.row_sets)
     if decisions:
         report.notes.append("eager float32 decides some elements otherwise than float64 (a tie broken the other way: "
                             + ", ".join(f"{n} in {k}" for k, n in decisions.items())
@@ -467,6 +489,10 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         compared = got
         if nms is None:
             compared, moved = align_row_sets(run["e64"], got, contract.row_sets, allowed=allowed)
+            compared, excused = selection.excuse_rows(run["e64"], compared, contract.row_sets, allowed,
+                                                      run.get("edges", []), raw=got)
+            if any(excused):
+                report.notes.append(f"{name}: " + selection.describe(excused, run["edges"]))
             if moved:
                 report.notes.append(f"{name}: {moved} query row(s) traded places with a near-tied one (set "
                                     f"prediction; at most {contract.max_moved_rows} allowed)")

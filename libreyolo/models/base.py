@@ -67,6 +67,10 @@ class ExportContract:
     # at most ``max_moved_rows`` per image
     row_sets: tuple[str, ...] = ()
     max_moved_rows: int = 0
+    # the submodule whose output's maximum over the last axis scores the candidates that the query
+    # top-k keeps (DETR's encoder score head): near-ties at the edge of that selection let another
+    # float32 program keep another candidate in the last rows (libreyolo.export.selection); None: no selection
+    selection: str | None = None
 
     def cosine_floor(self, fmt: str, precision: str, device: str = "cpu") -> float:
         """The minimum cosine for one format, precision and device type (most specific key wins);

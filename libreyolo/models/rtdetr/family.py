@@ -32,6 +32,7 @@ DETR_EXPORT = ExportContract(
     class_axes={"pred_logits": (2, 0)},
     row_sets=("pred_logits", "pred_boxes"),
     max_moved_rows=300,  # any, as long as every row has its own match (tied selections reorder many)
+    selection="decoder.enc_score_head",  # top-k of the best class score per encoder candidate
 )
 
 
