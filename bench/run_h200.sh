@@ -23,6 +23,9 @@
 # then one py-spy sample of the Batcher at 32 clients;
 # spy27: py-spy samples (GIL holder; all busy threads) of the Batcher at 32 clients, default and in_flight 1;
 # stream26: prepared (stream bench at b32 with the compiled network in the graphs: arrays and JPEG files).
+# decode27: prepared: decode="cuda" GPU tests (busy-device decoding on the thread's own stream), the JPEG rows with
+# the legacy default stream and a stream of their own current, reading and nvJPEG decoding timed alone; then the
+# DETR b1 rows (Stretch.place_batch) and the D-FINE-s compiled copy under the selection-edge rule.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -370,4 +373,19 @@ if [ "$phase" = decode26 ]; then
     python -u bench/serve_bench.py --half --model $m --clients 32 --requests 300 --modes batcher \
     --batch-sizes 1,2,4,8,16,32 --out "$out/$day-spy27-gil.json" > "$out/$day-spy27-gil.log" 2>&1
   echo "spy27 rc=$?"; grep -E "^batcher|Samples|rror" "$out/$day-spy27-gil.log" | tail -3
+fi
+if [ "$phase" = decode27 ]; then
+  timeout 100 python -m pytest -q -m gpu tests/test_device_decode.py tests/test_stream_pipeline.py -p no:cacheprovider -s \
+    > "$out/$day-gpu-tests-h200-decode27.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error|nvJPEG vs" "$out/$day-gpu-tests-h200-decode27.log" | tail -6
+  timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 --n 1024 --compile true --sources jpeg-cuda \
+    --compute-stream default side --json "$out/$day-stream-h200-decode27.json" > "$out/$day-stream-h200-decode27.log" 2>&1
+  echo "stream decode rc=$?"; grep -E "agreement|alone|\|" "$out/$day-stream-h200-decode27.log" | tail -8
+  for m in LibreRTDETRr34.yaml LibreDFINEs.yaml; do
+    tag=$(echo "$m" | tr 'A-Z' 'a-z' | sed 's/^libre//; s/\.yaml$//')
+    timeout 150 python -u bench/compile_bench.py --model $m --fp32 --batches 1 --rows graph,graph+compile:default \
+      --n 60 --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-$tag-27.json" \
+      > "$out/$day-compile-graphs-$tag-27.log" 2>&1
+    echo "compile bench $m rc=$?"; tail -4 "$out/$day-compile-graphs-$tag-27.log"
+  done
 fi

@@ -20,11 +20,17 @@ staging, side-stream upload, deferred read-back; :mod:`libreyolo.engine.stream`)
 with ``cuda_graph=True``. Reported: images/s (median of ``--repeats`` full passes after a
 warm-up pass), and the graphed network forward alone at the same batch for reference (the
 ceiling the pipeline approaches). ``--compile true`` runs it all with the compiled network in the
-graphs. Prints a table and writes JSON (device, torch, command).
+graphs. ``--compute-stream side`` also runs every row with a CUDA stream of its own current instead of
+the legacy default stream (a library call that synchronises with the legacy stream, e.g. a synchronous
+copy inside a decoder, then does not wait for the forward); with ``jpeg-cuda``, the reading and the
+nvJPEG decoding of the files are also timed alone (``decode_alone``). Prints a table and writes JSON
+(device, torch, command).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import math
 import platform
@@ -33,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,15 +81,17 @@ def sparse_model(device: str, imgsz: int):
     return model
 
 
-def run_pass(model, source, kw: dict, cuda: bool) -> tuple[float, int]:
-    """Seconds to consume ``predict(source, stream=True)`` completely, and the images seen."""
+def run_pass(model, source, kw: dict, cuda: bool, stream: Any = None) -> tuple[float, int]:
+    """Seconds to consume ``predict(source, stream=True)`` completely, and the images seen; with
+    ``stream``, the calls run with that CUDA stream current (not the legacy default stream)."""
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     n = 0
-    for r in model.predict(source, stream=True, **kw):
-        n += 1
-        del r
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for r in model.predict(source, stream=True, **kw):
+            n += 1
+            del r
     if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - t0, n
@@ -104,6 +113,26 @@ def forward_rate(model, batch: int, imgsz: int, half: bool, graph: bool, repeats
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) / 10)
     return round(batch / statistics.median(times), 1)
+
+
+def decode_rate(files: list[Path], batch: int, device: torch.device, repeats: int) -> dict:
+    """Images/s of ``decode="cuda"``'s two steps alone, batch by batch: reading the files (header
+    checks included) on this thread, and nvJPEG decoding a batch already read."""
+    from libreyolo.data.device_decode import decode_on_device, read_for_device
+
+    chunks = [files[i:i + batch] for i in range(0, len(files), batch)]
+    read_s, decode_s = [], []
+    for _ in range(repeats + 1):  # the first pass warms nvJPEG up
+        t0 = time.perf_counter()
+        items = [[read_for_device(f) for f in c] for c in chunks]
+        t1 = time.perf_counter()
+        for it in items:
+            decode_on_device(it, device)
+        torch.cuda.synchronize()
+        read_s.append(t1 - t0)
+        decode_s.append(time.perf_counter() - t1)
+    return {"read_images_per_s": round(len(files) / statistics.median(read_s[1:]), 1),
+            "decode_images_per_s": round(len(files) / statistics.median(decode_s[1:]), 1)}
 
 
 def decode_agreement(files: list[Path], images: list[np.ndarray], device: torch.device) -> dict:
@@ -142,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="model.compile(MODE) ('true' for the default): the graphs hold the compiled network; "
                          "Inductor's compile workers are ended after each row's warm-up pass")
     ap.add_argument("--model", default=None, help="a checkpoint instead of the sparse YOLOv9-t (e.g. the dense one)")
+    ap.add_argument("--compute-stream", nargs="+", default=["default"], choices=["default", "side"],
+                    help="run predict() with the legacy default stream current, or a stream of its own")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 12 small frames, batch 4, imgsz 64")
     args = ap.parse_args(argv)
     if args.quick:
@@ -173,25 +204,28 @@ def main(argv: list[str] | None = None) -> int:
         if "jpeg-cuda" in sources:
             env["decode_agreement"] = decode_agreement(sorted(folder.iterdir())[:args.batch], images, model.device)
             print("decode agreement " + json.dumps(env["decode_agreement"]), flush=True)
+            env["decode_alone"] = decode_rate(sorted(folder.iterdir()), args.batch, model.device, args.repeats)
+            print("decode alone " + json.dumps(env["decode_alone"]), flush=True)
         for source_name in sources:
             source = images if source_name == "arrays" else str(folder)
-            for graph in graphs:
-                for workers in [0, *args.workers]:
+            for graph, on, workers in itertools.product(graphs, args.compute_stream if cuda else ["default"],
+                                                        [0, *args.workers]):
+                    stream = torch.cuda.Stream() if on == "side" else None
                     kw = {"imgsz": args.imgsz, "batch": args.batch, "half": half, "conf": args.conf,
                           "cuda_graph": graph, "workers": workers,
                           "decode": "cuda" if source_name == "jpeg-cuda" else "cpu"}
-                    run_pass(model, source, kw, cuda)  # warm-up: captures, copies, staging buffers
+                    run_pass(model, source, kw, cuda, stream)  # warm-up: captures, copies, staging buffers
                     if args.compile:  # (compiled in the warm-up; its worker pool slows the host while it lives)
                         from libreyolo.engine.compiled import end_compile_workers
 
                         end_compile_workers()
                     times = []
                     for _ in range(args.repeats):
-                        seconds, seen = run_pass(model, source, kw, cuda)
+                        seconds, seen = run_pass(model, source, kw, cuda, stream)
                         assert seen == args.n, (seen, args.n)
                         times.append(seconds)
                     med = statistics.median(times)
-                    row = {"source": source_name, "cuda_graph": graph, "workers": workers,
+                    row = {"source": source_name, "cuda_graph": graph, "workers": workers, "compute_stream": on,
                            "path": "plain" if workers == 0 else "pipeline", "images_per_s": round(args.n / med, 1),
                            "ms_per_batch": round(med / math.ceil(args.n / args.batch) * 1e3, 3),
                            "passes_s": [round(t, 4) for t in times]}
@@ -204,15 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     result = {**env, "precision": "fp16" if half else "fp32", "rows": rows, "forward_images_per_s": forward}
     if args.compile:
         result["compile_info"] = model.compile_info()
-    plain = {(r["source"], r["cuda_graph"]): r["images_per_s"] for r in rows if r["workers"] == 0}
+    plain = {(r["source"], r["cuda_graph"], r["compute_stream"]): r["images_per_s"] for r in rows if r["workers"] == 0}
     print(f"\n{args.model or 'YOLOv9-t (sparse)'} b{args.batch} {result['precision']} imgsz {args.imgsz}, "
           f"{args.n} frames of {w}x{h}, "
           f"stream=True ({env['device']}, torch {env['torch']})")
-    print(f"{'source':>8} | {'graph':>5} | {'workers':>7} | {'path':>8} | {'images/s':>9} | {'x plain':>7}")
+    print(f"{'source':>9} | {'graph':>5} | {'stream':>7} | {'workers':>7} | {'path':>8} | {'images/s':>9} | "
+          f"{'x plain':>7}")
     for r in rows:
-        base = plain[(r["source"], r["cuda_graph"])]
-        print(f"{r['source']:>8} | {r['cuda_graph']!s:>5} | {r['workers']:>7} | {r['path']:>8} | "
-              f"{r['images_per_s']:>9} | {round(r['images_per_s'] / base, 2) if base else '-':>7}")
+        base = plain[(r["source"], r["cuda_graph"], r["compute_stream"])]
+        print(f"{r['source']:>9} | {r['cuda_graph']!s:>5} | {r['compute_stream']:>7} | {r['workers']:>7} | "
+              f"{r['path']:>8} | {r['images_per_s']:>9} | {round(r['images_per_s'] / base, 2) if base else '-':>7}")
     print("network forward alone (images/s):", forward)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
