@@ -30,6 +30,16 @@ set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
 day=$(date +%F)
+detr_compile_rows() {  # rtdetr-r34 and dfine-s at batch 1, fp32: our graphs with and without the compiled network
+  local suffix=$1 limit=$2 m tag
+  for m in LibreRTDETRr34.yaml LibreDFINEs.yaml; do
+    tag=$(echo "$m" | tr 'A-Z' 'a-z' | sed 's/^libre//; s/\.yaml$//')
+    timeout "$limit" python -u bench/compile_bench.py --model $m --fp32 --batches 1 --rows graph,graph+compile:default \
+      --n 60 --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-$tag-$suffix.json" \
+      > "$out/$day-compile-graphs-$tag-$suffix.log" 2>&1
+    echo "compile bench $m rc=$?"; tail -4 "$out/$day-compile-graphs-$tag-$suffix.log"
+  done
+}
 if [ "$phase" = tests ]; then
   timeout 300 python -m pytest -q -m gpu tests -p no:cacheprovider > "$out/$day-gpu-tests.log" 2>&1
   echo "gpu tests rc=$?"; tail -40 "$out/$day-gpu-tests.log"
@@ -326,13 +336,7 @@ fi
 if [ "$phase" = detr26 ]; then
   # (prepared) issue 26 item 4: rtdetr-r34 and dfine-s at batch 1, fp32: our graphs with and without the compiled
   # network (compile_bench --model), then serving_bench's b1 rows with the reference in the same call
-  for m in LibreRTDETRr34.yaml LibreDFINEs.yaml; do
-    tag=$(echo "$m" | tr 'A-Z' 'a-z' | sed 's/^libre//; s/\.yaml$//')
-    timeout 170 python -u bench/compile_bench.py --model $m --fp32 --batches 1 --rows graph,graph+compile:default \
-      --n 60 --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-$tag-h200.json" \
-      > "$out/$day-compile-graphs-$tag-h200.log" 2>&1
-    echo "compile bench $m rc=$?"; tail -4 "$out/$day-compile-graphs-$tag-h200.log"
-  done
+  detr_compile_rows h200 170
   printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
   timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
     --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200.json" > "$out/$day-serving-b1-h200.log" 2>&1
@@ -381,11 +385,5 @@ if [ "$phase" = decode27 ]; then
   timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 --n 1024 --compile true --sources jpeg-cuda \
     --compute-stream default side --json "$out/$day-stream-h200-decode27.json" > "$out/$day-stream-h200-decode27.log" 2>&1
   echo "stream decode rc=$?"; grep -E "agreement|alone|\|" "$out/$day-stream-h200-decode27.log" | tail -8
-  for m in LibreRTDETRr34.yaml LibreDFINEs.yaml; do
-    tag=$(echo "$m" | tr 'A-Z' 'a-z' | sed 's/^libre//; s/\.yaml$//')
-    timeout 150 python -u bench/compile_bench.py --model $m --fp32 --batches 1 --rows graph,graph+compile:default \
-      --n 60 --warmup 10 --stop-compile-workers --json "$out/$day-compile-graphs-$tag-27.json" \
-      > "$out/$day-compile-graphs-$tag-27.log" 2>&1
-    echo "compile bench $m rc=$?"; tail -4 "$out/$day-compile-graphs-$tag-27.log"
-  done
+  detr_compile_rows 27 150
 fi
