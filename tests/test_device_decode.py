@@ -244,11 +244,13 @@ def test_gpu_nvjpeg_agrees_with_pillow_far_closer_than_either_with_the_source(tm
 
 @pytest.mark.gpu
 def test_gpu_decoding_while_the_device_is_busy_gives_the_idle_devices_pixels(tmp_path):
-    """torchvision's decoder writes its outputs on its own stream without waiting for the caller's
-    (pytorch/vision PR #9606), so the call goes through this thread's own high-priority stream, which
-    queues nothing else. Decoding the same files while the compute stream frees memory its queued kernels
-    still read (the upstream report's setting) gives, bit for bit, what an idle device decodes, and the
-    readers' sums are untouched."""
+    """torchvision's decoder allocates its outputs on the caller's stream and writes them from its own stream
+    without waiting for the caller's (pytorch/vision PR #9606): memory the caller's stream freed while its
+    queued kernels still read it can be overwritten. The upstream report's setting on every stream of the
+    default-priority pool (where a new stream per call, as before 2026-12-05, would land): tensors filled,
+    long work queued, readers of the tensors queued, the tensors freed; then decoding. The readers' sums stay
+    intact and the pixels equal an idle device's, because the call goes through this thread's own stream
+    from the high-priority pool, which queues nothing else."""
     pytest.importorskip("torchvision", reason="decode='cuda' needs torchvision (extra gpu-decode)")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -262,15 +264,18 @@ def test_gpu_decoding_while_the_device_is_busy_gives_the_idle_devices_pixels(tmp
     stream = decode_mod.decode_stream(device)
     assert stream is decode_mod.decode_stream(device) and stream != torch.cuda.current_stream(device)
     assert stream.priority < torch.cuda.current_stream(device).priority
-    big = torch.randn(4096, 4096, device=device)
-    for _ in range(5):
-        filled = [torch.full((3, 240, 320), 7, dtype=torch.uint8, device=device) for _ in range(8)]
-        torch.cuda.synchronize()
-        for _ in range(20):  # a long queue on the compute stream, then readers of the filled tensors
-            big = (big @ big).tanh_()
-        sums = [t.sum(dtype=torch.int64) for t in filled]
-        del filled  # freed while their readers are still queued
+    for _ in range(3):
+        sums = []
+        for _ in range(32):  # the pool's size: every default-priority pool stream once
+            side = torch.cuda.Stream(device)
+            with torch.cuda.stream(side):
+                filled = [torch.full((3, 240, 320), 7, dtype=torch.uint8, device=device) for _ in range(8)]
+                big = torch.randn(2048, 2048, device=device)
+                for _ in range(32):  # a long queue on that stream (~0.5 s over all 32), then readers of the tensors
+                    big = (big @ big).tanh_()
+                sums += [t.sum(dtype=torch.int64) for t in filled]
+                del filled  # freed while their readers are still queued
         busy = decode_mod.decode_on_device(items, device)
         torch.cuda.synchronize()
-        assert [int(s) for s in sums] == [7 * 3 * 240 * 320] * 8
+        assert [int(s) for s in sums] == [7 * 3 * 240 * 320] * len(sums)
         assert all(torch.equal(a, b.pixels) for a, b in zip(idle, busy, strict=True))
