@@ -263,7 +263,8 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
     contract's. Returns ``passed``, the worst ``ratio`` to the allowance and a one-line summary.
     """
     from libreyolo.export import selection
-    from libreyolo.export.validate import _cosine, _drifts, align_row_sets, compare_group, selection_edges
+    from libreyolo.export.selection import align_row_sets, selection_edges
+    from libreyolo.export.validate import _cosine, _drifts, compare_group
     from libreyolo.utils.tolerance import FLOAT32_MULTIPLE, FP16_DRIFT_FACTOR, align_exclusive, allowance, groups_for
 
     contract = family.export

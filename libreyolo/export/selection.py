@@ -1,4 +1,8 @@
-"""Near-ties at the edge of a set prediction's query selection (DETR), for validation.
+"""Rows of set predictions (DETR queries) in validation: rows that traded places, and near-ties at the
+edge of the query selection.
+
+:func:`align_row_sets` puts back rows that only traded places between two programs (a near-tie
+inside the selection decided by one ulp). The rest of this module is about the selection's edge.
 
 RT-DETR and D-FINE keep the ``k`` best of thousands of encoder candidates (top-k of their best class
 score) as decoder queries. Another float32 program of the same network (an artifact, a compiled copy)
@@ -143,3 +147,63 @@ def selection_runs(net: nn.Module, path: str | None, x: torch.Tensor) -> tuple[A
     with tap(net, path) as scores:
         result = net(x)
     return result, (scores[-1] if scores else None)
+
+
+def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], names: tuple[str, ...],
+                   atol: float = 0.0, rtol: float = 0.0,
+                   allowed: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], int]:
+    """The artifact's outputs with the rows (axis 1) of ``names`` put back in ``ref`` order where
+    they only traded places, and the largest number of rows moved in one image.
+
+    A row is moved only onto a reference row it matches within the allowance in every output of
+    ``names`` (``allowed``: per-element allowances shaped like ``ref``; else ``atol + rtol * |ref|``);
+    rows that match nothing stay where they are, so the comparison still fails them.
+    """
+    if not names or any(n not in ref or n not in got for n in names):
+        return got, 0
+    r = torch.cat([ref[n].detach().double().cpu().flatten(2) for n in names], -1)
+    g = torch.cat([got[n].detach().double().cpu().flatten(2) for n in names], -1)
+    if r.shape != g.shape or r.dim() != 3:
+        return got, 0
+    if allowed is not None and all(n in allowed for n in names):
+        allow = torch.cat([allowed[n].double().cpu().flatten(2) for n in names], -1)
+    else:
+        allow = atol + rtol * r.abs()
+    out_of_place = ((r - g).abs() > allow).any(-1)
+    order = torch.arange(r.shape[1]).repeat(r.shape[0], 1)
+    most = 0
+    for b in range(r.shape[0]):
+        rows = out_of_place[b].nonzero().flatten().tolist()
+        free, moved = list(rows), 0
+        for i in rows:
+            for j in free:
+                if bool(((r[b, i] - g[b, j]).abs() <= allow[b, i]).all()):
+                    order[b, i] = j
+                    free.remove(j)
+                    moved += 1
+                    break
+        most = max(most, moved)
+    if not most:
+        return got, 0
+    batch = torch.arange(r.shape[0])[:, None]
+    aligned = dict(got)
+    for n in names:
+        aligned[n] = got[n][batch.to(got[n].device), order.to(got[n].device)]
+    return aligned, most
+
+
+def selection_edges(runs: list[dict], row_sets: tuple[str, ...]) -> None:
+    """Each run's :class:`~libreyolo.export.selection.Boundary` per image (``run["edges"]``), from the
+    selection scores tapped in it, with the eager model's largest score errors over all runs."""
+    scored = [r for r in runs if r.get("selection") and r["selection"][0] is not None
+              and r["selection"][1] is not None and row_sets and row_sets[0] in r["e64"]]
+    d32 = max((float((r["selection"][0] - r["selection"][1]).abs().max()) for r in scored), default=0.0)
+    halves = [r for r in scored if r["selection"][2] is not None]
+    d16 = max((float((r["selection"][2] - r["selection"][0]).abs().max()) for r in halves), default=0.0)
+    ids = {id(r) for r in scored}
+    for r in runs:
+        r["edges"] = []
+        if id(r) in ids:
+            s32, s64, s16 = r["selection"]
+            r["edges"] = boundaries(s32, s64, r["e64"][row_sets[0]].shape[1], s16, d32,
+                                              d16 if s16 is not None else None)

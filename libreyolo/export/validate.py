@@ -25,6 +25,7 @@ from libreyolo.export.base import Exporter, ExportOptions
 from libreyolo.export.matching import match_classes, match_detections  # noqa: F401 - contracts name them here
 from libreyolo.export.module import ExportModule
 from libreyolo.export.report import ValidationReport
+from libreyolo.export.selection import align_row_sets, selection_edges
 from libreyolo.ops.letterbox import LetterboxMeta
 from libreyolo.results import decoded_predictions
 from libreyolo.tasks import get_task
@@ -72,49 +73,6 @@ def sample_batch(family: Any, imgsz: int) -> tuple[torch.Tensor, list[LetterboxM
     if hasattr(pre, "export_sample"):  # a preprocessor that keeps an image's own size takes its imgsz crop
         image = pre.export_sample(image)
     return pre([image])
-
-
-def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], names: tuple[str, ...],
-                   atol: float = 0.0, rtol: float = 0.0,
-                   allowed: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], int]:
-    """The artifact's outputs with the rows (axis 1) of ``names`` put back in ``ref`` order where
-    they only traded places, and the largest number of rows moved in one image.
-
-    A row is moved only onto a reference row it matches within the allowance in every output of
-    ``names`` (``allowed``: per-element allowances shaped like ``ref``; else ``atol + rtol * |ref|``);
-    rows that match nothing stay where they are, so the comparison still fails them.
-    """
-    if not names or any(n not in ref or n not in got for n in names):
-        return got, 0
-    r = torch.cat([ref[n].detach().double().cpu().flatten(2) for n in names], -1)
-    g = torch.cat([got[n].detach().double().cpu().flatten(2) for n in names], -1)
-    if r.shape != g.shape or r.dim() != 3:
-        return got, 0
-    if allowed is not None and all(n in allowed for n in names):
-        allow = torch.cat([allowed[n].double().cpu().flatten(2) for n in names], -1)
-    else:
-        allow = atol + rtol * r.abs()
-    out_of_place = ((r - g).abs() > allow).any(-1)
-    order = torch.arange(r.shape[1]).repeat(r.shape[0], 1)
-    most = 0
-    for b in range(r.shape[0]):
-        rows = out_of_place[b].nonzero().flatten().tolist()
-        free, moved = list(rows), 0
-        for i in rows:
-            for j in free:
-                if bool(((r[b, i] - g[b, j]).abs() <= allow[b, i]).all()):
-                    order[b, i] = j
-                    free.remove(j)
-                    moved += 1
-                    break
-        most = max(most, moved)
-    if not most:
-        return got, 0
-    batch = torch.arange(r.shape[0])[:, None]
-    aligned = dict(got)
-    for n in names:
-        aligned[n] = got[n][batch.to(got[n].device), order.to(got[n].device)]
-    return aligned, most
 
 
 def _half_copy(net: Any) -> Any | None:
@@ -322,23 +280,6 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
         runs.append({"picks": picks, "x": x, "eager": _cpu(eager), "e64": e64, "e16": _cpu(e16), "ref": _cpu(ref),
                      "got": _cpu(got), "got_device": got, "selection": (s32, s64, s16)})
     return runs
-
-
-def selection_edges(runs: list[dict], row_sets: tuple[str, ...]) -> None:
-    """Each run's :class:`~libreyolo.export.selection.Boundary` per image (``run["edges"]``), from the
-    selection scores tapped in it, with the eager model's largest score errors over all runs."""
-    scored = [r for r in runs if r.get("selection") and r["selection"][0] is not None
-              and r["selection"][1] is not None and row_sets and row_sets[0] in r["e64"]]
-    d32 = max((float((r["selection"][0] - r["selection"][1]).abs().max()) for r in scored), default=0.0)
-    halves = [r for r in scored if r["selection"][2] is not None]
-    d16 = max((float((r["selection"][2] - r["selection"][0]).abs().max()) for r in halves), default=0.0)
-    ids = {id(r) for r in scored}
-    for r in runs:
-        r["edges"] = []
-        if id(r) in ids:
-            s32, s64, s16 = r["selection"]
-            r["edges"] = selection.boundaries(s32, s64, r["e64"][row_sets[0]].shape[1], s16, d32,
-                                              d16 if s16 is not None else None)
 
 
 def _cpu(outputs: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
