@@ -54,8 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     frame = np.asarray(Image.open(SAMPLE_IMAGE).convert("RGB").resize((640, 480)))[:, :, ::-1].copy()
     model = LibreYOLO(args.model, device="cuda")
     rows: dict[str, object] = {}
-    rows["eager_model_graph_fp16_ms"] = timed(lambda: model(frame, half=True, cuda_graph=True), args.n, args.warmup)
-    print(f"eager model, graphed fp16 b1: {rows['eager_model_graph_fp16_ms']} ms", flush=True)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     report = model.export(format="aoti", device="cuda", half=True, autotune=True,
@@ -67,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     from libreyolo.export.aoti import read_build_info
 
     rows["build"] = read_build_info(report.path)
+    # timed after the export (the compile's kernel benchmarking and any job started beside it are over)
+    rows["eager_model_graph_fp16_ms"] = timed(lambda: model(frame, half=True, cuda_graph=True), args.n, args.warmup)
+    print(f"eager model, graphed fp16 b1: {rows['eager_model_graph_fp16_ms']} ms", flush=True)
     rows["aoti_autotune_fp16_ms"] = timed(lambda: art(frame), args.n, args.warmup)
     rows["aoti_autotune_fp16_graph_ms"] = timed(lambda: art(frame, cuda_graph=True), args.n, args.warmup)
     same = [len(model(frame, half=True).boxes), len(art(frame).boxes), len(art(frame, cuda_graph=True).boxes)]

@@ -26,6 +26,11 @@
 # decode27: prepared: decode="cuda" GPU tests (busy-device decoding on the thread's own stream), the JPEG rows with
 # the legacy default stream and a stream of their own current, reading and nvJPEG decoding timed alone; then the
 # DETR b1 rows (Stretch.place_batch) and the D-FINE-s compiled copy under the selection-edge rule.
+# at40 / serve40 / rest40: three calls in a row (the machine kept warm): at40 starts the autotuned .pt2 export
+# (bench/aoti_autotune_bench.py) in a process session of its own (it outlives the call) and runs the decode GPU
+# tests beside it, then waits for it; serve40 waits for it to end (killing it past its time), brings its files back,
+# then the recorded serving run on compiled graphs with four Batcher settings in one process; rest40: the DETR
+# b1 rows and the decode27 stream rows.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -386,4 +391,43 @@ if [ "$phase" = decode27 ]; then
     --compute-stream default side --json "$out/$day-stream-h200-decode27.json" > "$out/$day-stream-h200-decode27.log" 2>&1
   echo "stream decode rc=$?"; grep -E "agreement|alone|\|" "$out/$day-stream-h200-decode27.log" | tail -8
   detr_compile_rows 27 150
+fi
+at_dir=/tmp/at40
+at_collect() {  # the autotune export's files into $out (whatever it has written so far)
+  for f in "$at_dir"/*.json "$at_dir"/*.log; do [ -e "$f" ] && cp "$f" "$out/"; done
+}
+at_wait() {  # wait until the autotune export ends or $1 seconds pass; then kill it if $2 = kill
+  local end=$((SECONDS + $1))
+  local pid; pid=$(cat "$at_dir/pid" 2>/dev/null || echo 0)
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+  if kill -0 "$pid" 2>/dev/null && [ "${2:-}" = kill ]; then
+    kill -- -"$pid"; sleep 2; echo "autotune export killed after its time" >> "$at_dir/$day-aoti-autotune-h200.log"
+  fi
+  echo "autotune: $(grep -E '^(export|eager model|aoti_|rc=|wrote)|killed|Error' "$at_dir/$day-aoti-autotune-h200.log" | tail -8)"
+}
+if [ "$phase" = at40 ]; then
+  mkdir -p "$at_dir"; echo "uid $(id -u)"
+  setsid nohup bash -c "timeout 1100 python -u bench/aoti_autotune_bench.py --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --n 200 --warmup 20 --json $at_dir/$day-aoti-autotune-h200.json > $at_dir/$day-aoti-autotune-h200.log 2>&1; \
+    echo rc=\$? >> $at_dir/$day-aoti-autotune-h200.log" > /dev/null 2>&1 < /dev/null &
+  echo $! > "$at_dir/pid"
+  timeout 150 python -m pytest -q -m gpu tests/test_device_decode.py tests/test_stream_pipeline.py -p no:cacheprovider -s \
+    > "$out/$day-gpu-tests-h200-decode40.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error|nvJPEG vs" "$out/$day-gpu-tests-h200-decode40.log" | tail -6
+  at_wait $(( ${AT_WAIT:-560} - SECONDS ))
+  at_collect
+fi
+if [ "$phase" = serve40 ]; then
+  at_wait ${AT_WAIT:-120} kill
+  at_collect
+  timeout ${SERVE_LIMIT:-440} python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients 1,8,32,64 --requests 64 --size-table --compile true --stop-compile-workers --configs 2:2,1:5,1:2,2:5 \
+    --out "$out/$day-serve-h200-compiled-graphs-40.json" > "$out/$day-serve-h200-compiled-graphs-40.log" 2>&1
+  echo "serve rc=$?"; grep -E "^ +(1|2|4|8|16|32) |^(lock|b[0-9]|32 clients)|Error" "$out/$day-serve-h200-compiled-graphs-40.log"
+fi
+if [ "$phase" = rest40 ]; then
+  detr_compile_rows 40 150
+  timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 --n 1024 --compile true --sources jpeg-cuda \
+    --compute-stream default side --json "$out/$day-stream-h200-decode40.json" > "$out/$day-stream-h200-decode40.log" 2>&1
+  echo "stream decode rc=$?"; grep -E "agreement|alone|\|" "$out/$day-stream-h200-decode40.log" | tail -8
 fi
