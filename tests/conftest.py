@@ -40,6 +40,27 @@ def compat_fill(compat_dir):
     return module
 
 
+DEMO_IMGSZ = 160  # the demo detector's artifacts in the tests: small, a multiple of its stride
+
+
+@pytest.fixture(scope="session")
+def demo():
+    """The bundled demo detector (YOLOv9-t trained on the shapes dataset)."""
+    from libreyolo import LibreYOLO
+
+    return LibreYOLO("LibreYOLO9t-shapes.pt")
+
+
+@pytest.fixture(scope="session")
+def demo_pte(demo, tmp_path_factory):
+    """The demo detector as an ExecuTorch program at DEMO_IMGSZ, exported once per session: the lowering
+    (~55 s on 2 cores, hardly shorter at a smaller imgsz) is shared by the ExecuTorch export tests and val()
+    on artifacts. Returns the ExportReport."""
+    pytest.importorskip("executorch.runtime", reason="executorch is not installed (libreyolo[executorch])")
+    return demo.export(format="executorch", imgsz=DEMO_IMGSZ, output=tmp_path_factory.mktemp("demo-pte") / "demo.pte",
+                       verbose=False)
+
+
 def spread_scores(model, seed: int = 0):
     """Give a seeded YOLOv9 well-separated class scores, so its detections survive float noise.
 

@@ -7,16 +7,18 @@ import pytest
 
 pytest.importorskip("executorch.exir", reason="executorch is not installed (pip install 'libreyolo[executorch]')")
 
-from libreyolo import SAMPLE_IMAGE, LibreYOLO  # noqa: E402
+from libreyolo import SHAPES_IMAGE, LibreYOLO  # noqa: E402
 from libreyolo.errors import ArgumentError, CheckpointError  # noqa: E402
 from libreyolo.export.base import get_exporter  # noqa: E402
 from libreyolo.export.metadata import sidecar_path  # noqa: E402
-from tests.test_export_common import IMGSZ, assert_same_detections, exported, model  # noqa: E402
+from tests.conftest import DEMO_IMGSZ  # noqa: E402
+from tests.test_export_common import assert_same_detections, model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def pte(tmp_path_factory):
-    return exported(tmp_path_factory, "executorch")
+def pte(demo_pte):
+    # the demo detector's program, lowered once per session and shared with test_val_artifacts (conftest)
+    return demo_pte
 
 
 def test_executorch_program_validates_against_eager_within_fp32_tolerance(pte):
@@ -27,11 +29,12 @@ def test_executorch_program_validates_against_eager_within_fp32_tolerance(pte):
     assert all(d["passed"] for d in v.detections)
 
 
-def test_executorch_artifact_predicts_the_same_results_as_eager(pte):
-    eager = model().predict(SAMPLE_IMAGE, conf=0.25, imgsz=IMGSZ)
+def test_executorch_artifact_predicts_the_same_results_as_eager(pte, demo):
+    eager = demo.predict(SHAPES_IMAGE, conf=0.25, imgsz=DEMO_IMGSZ)
+    assert len(eager.boxes) >= 3  # the demo finds the held-out image's shapes: the comparison has boxes to compare
     runtime = LibreYOLO(pte.path)
-    assert runtime.device.type == "cpu" and runtime.imgsz == IMGSZ
-    assert_same_detections(eager, runtime.predict(SAMPLE_IMAGE, conf=0.25))
+    assert runtime.device.type == "cpu" and runtime.imgsz == DEMO_IMGSZ
+    assert_same_detections(eager, runtime.predict(SHAPES_IMAGE, conf=0.25))
 
 
 def test_executorch_program_runs_only_portable_ops_and_xnnpack_delegates(pte):

@@ -25,8 +25,9 @@ from libreyolo import LibreYOLO  # noqa: E402
 from libreyolo.cli import main as cli_main  # noqa: E402
 from libreyolo.errors import ArgumentError  # noqa: E402
 from libreyolo.train.shapes import make_shapes_dataset  # noqa: E402
+from tests.conftest import DEMO_IMGSZ  # noqa: E402
 
-IMGSZ = 160
+IMGSZ = DEMO_IMGSZ  # 160: the demo ExecuTorch program (conftest.demo_pte) is exported at it
 TOL = 1e-9
 VAL = {"batch": 4, "workers": 0}
 
@@ -34,11 +35,6 @@ VAL = {"batch": 4, "workers": 0}
 @pytest.fixture(scope="session")
 def shapes_val(tmp_path_factory) -> Path:
     return make_shapes_dataset(tmp_path_factory.mktemp("val-shapes"), n_train=1, n_val=8, imgsz=IMGSZ, seed=3)
-
-
-@pytest.fixture(scope="session")
-def demo():
-    return LibreYOLO("LibreYOLO9t-shapes.pt")
 
 
 @pytest.fixture(scope="session")
@@ -117,13 +113,10 @@ def test_cli_val_on_an_artifact_that_cannot_run_here_is_one_clean_line(shapes_va
 
 
 @pytest.mark.slow
-def test_executorch_artifact_validates_to_the_eager_metrics(demo, shapes_val, eager_metrics, tmp_path_factory):
-    pytest.importorskip("executorch.runtime", reason="executorch is not installed")
-    # one ExecuTorch lowering per session (~60 s on 2 cores); the small imgsz does not shorten it much
-    report = demo.export(format="executorch", imgsz=IMGSZ, output=tmp_path_factory.mktemp("val-pte") / "demo.pte",
-                         verbose=False)
-    assert report.validation.status == "passed", report.validation.text()
-    _same(LibreYOLO(report.path).val(data=str(shapes_val), **VAL), eager_metrics)
+def test_executorch_artifact_validates_to_the_eager_metrics(demo_pte, shapes_val, eager_metrics):
+    # the session's one ExecuTorch lowering of the demo (conftest.demo_pte, imgsz 160 = IMGSZ)
+    assert demo_pte.validation.status == "passed", demo_pte.validation.text()
+    _same(LibreYOLO(demo_pte.path).val(data=str(shapes_val), **VAL), eager_metrics)
 
 
 def test_a_classifier_artifact_validates_to_the_eager_top1_on_an_image_folder(tmp_path):
