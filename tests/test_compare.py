@@ -79,7 +79,11 @@ def test_an_export_that_fails_validation_exits_1(checkpoint_and_artifact, tmp_pa
 
     ckpt, _, _ = checkpoint_and_artifact
     real = ort_runtime.OnnxPredictor._run
-    monkeypatch.setattr(ort_runtime.OnnxPredictor, "_run", lambda self, b: [o * 1.001 for o in real(self, b)])
+    # a plainly wrong program (every anchor's outputs moved to its neighbour): this test is about the exit code,
+    # the message and the destination; how small an error is refused is test_validation_power's subject. (A 0.1%
+    # scale was used here: this untrained model's own float32 error from float64 exceeds it on some CPUs, where
+    # that program is within the allowance: AMD EPYC with AVX-512, 2026-12-05, 0.09x.)
+    monkeypatch.setattr(ort_runtime.OnnxPredictor, "_run", lambda self, b: [o.roll(1, -1) for o in real(self, b)])
     assert main(["export", f"model={ckpt}", "imgsz=128", f"output={tmp_path / 'bad.onnx'}"]) == 1
     err = capsys.readouterr().err
     assert "does not match the eager model" in err and "what to do:" in err
