@@ -398,7 +398,8 @@ at_collect() {  # the autotune export's files into $out (whatever it has written
 }
 at_wait() {  # wait until the autotune export ends or $1 seconds pass; then kill it if $2 = kill
   local end=$((SECONDS + $1))
-  local pid; pid=$(cat "$at_dir/pid" 2>/dev/null || echo 0)
+  local pid; pid=$(cat "$at_dir/pid" 2>/dev/null)
+  [ -n "$pid" ] || return 0  # not started on this machine
   while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
   if kill -0 "$pid" 2>/dev/null && [ "${2:-}" = kill ]; then
     kill -- -"$pid"; sleep 2; echo "autotune export killed after its time" >> "$at_dir/$day-aoti-autotune-h200.log"
@@ -420,6 +421,11 @@ fi
 if [ "$phase" = serve40 ]; then
   at_wait ${AT_WAIT:-120} kill
   at_collect
+  if [ -n "${DECODE_TESTS:-}" ]; then  # the decode GPU tests first (when at40 did not run them)
+    timeout 100 python -m pytest -q -m gpu tests/test_device_decode.py tests/test_stream_pipeline.py -p no:cacheprovider \
+      -s > "$out/$day-gpu-tests-h200-decode40.log" 2>&1
+    echo "gpu tests rc=$?"; grep -E "passed|failed|Error|nvJPEG vs" "$out/$day-gpu-tests-h200-decode40.log" | tail -6
+  fi
   timeout ${SERVE_LIMIT:-440} python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
     --clients 1,8,32,64 --requests 64 --size-table --compile true --stop-compile-workers --configs 2:2,1:5,1:2,2:5 \
     --out "$out/$day-serve-h200-compiled-graphs-40.json" > "$out/$day-serve-h200-compiled-graphs-40.log" 2>&1
