@@ -1,4 +1,5 @@
-"""What the set-prediction detectors (rtdetr, dfine) share as families: their postprocessing.
+"""What the set-prediction detectors (rtdetr, dfine) share as families: the export contract, the
+training recipe and hooks, and the postprocessing.
 
 Their outputs are ``pred_logits`` (B, Q, nc) and ``pred_boxes`` (B, Q, 4); predictions are the
 best (query, class) pairs, no NMS (:mod:`libreyolo.ops.topk`). The fixed-shape stage a
@@ -10,17 +11,63 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
-from libreyolo.models.base import Family
+from libreyolo.models._detr.training import train_decode, train_encode
+from libreyolo.models.base import ExportContract, Family, OutputGroup
 from libreyolo.ops.topk import SetPostprocess, topk_postprocess_later
 
 _DEVICE_POSTPROCESS = SetPostprocess("pred_logits", "pred_boxes")
 
+# DETR outputs are per-query rows; logits reach tens, so float32 artifacts are held to 1e-4
+# plus a relative 1e-5, and float16 ones (TensorRT) to a looser bound: decoders drift in fp16
+# (docs/export.md)
+DETR_EXPORT = ExportContract(
+    input_name="images",
+    output_names=("pred_logits", "pred_boxes"),
+    output_axes={"pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}},
+    dynamic_batch=True,
+    dynamic_spatial=False,  # anchors and position embeddings are built for the exported size
+    # logits per query and class; boxes normalised (cx, cy, w, h) as sigmoid outputs: their error is
+    # the refined logit's times the sigmoid's slope, so they are judged absolutely in [0, 1] (scaled by
+    # a small box's extent, a correct ONNX Runtime export of rtdetr-r18 failed at 1.1x)
+    groups=(OutputGroup("pred_logits", "logit", axis=-1), OutputGroup("pred_boxes", "sigmoid", axis=-1)),
+    min_cosine={"fp32": 0.99999, "fp16": 0.99},
+    nms_input=None,
+    class_axes={"pred_logits": (2, 0)},
+    row_sets=("pred_logits", "pred_boxes"),
+    max_moved_rows=300,  # any, as long as every row has its own match (tied selections reorder many)
+    selection="decoder.enc_score_head",  # top-k of the best class score per encoder candidate
+)
+# kept in float for INT8: the score and box heads (encoder and decoder), and the deformable
+# attention's score path (attention weights and sampling offsets are Linear layers here)
+DETR_QUANT_EXCLUDE = ("decoder.enc_score_head", "decoder.enc_bbox_head.*", "decoder.dec_score_head.*",
+                      "decoder.dec_bbox_head.*", "decoder.decoder.layers.*.cross_attn.attention_weights",
+                      "decoder.decoder.layers.*.cross_attn.sampling_offsets")
+
 
 class SetDetectFamily(Family):
-    """Base of the DETR-line families (task ``detect``)."""
+    """Base of the DETR-line families (task ``detect``): their export contract, training recipe and
+    hooks, and postprocessing. A family adds its network, sizes, letterbox and file names."""
 
     task = "detect"
+    export = DETR_EXPORT
+    quant_exclude = DETR_QUANT_EXCLUDE
+    nc_key = "decoder.enc_score_head.bias"
+    training = "libreyolo.train.loss.detr:DetrLoss"  # Hungarian matching, denoising groups, VFL + L1 + GIoU
+    training_items = ("vfl_loss", "l1_loss", "giou_loss")
+    train_capture = "encoder"  # the decoder's query count depends on the targets (denoising groups)
+    # the DETR recipe: AdamW at 1e-4 with weight decay 1e-4 and tight clipping, no mosaic
+    train_defaults = {"optimizer": "AdamW", "lr0": 1e-4, "weight_decay": 1e-4, "clip": 0.1, "mosaic": 0.0}
+
+    def train_encode(self, net: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return train_encode(net, images)  # backbone + hybrid encoder: captured by training graphs
+
+    def train_decode(self, net: nn.Module, features: tuple[torch.Tensor, ...], targets: torch.Tensor) -> dict:
+        return train_decode(net, features, targets)  # query selection, denoising, all layers: eager
+
+    def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
+        return outputs["pred_logits"], outputs["pred_boxes"]
 
     def device_postprocess(self) -> SetPostprocess:
         return _DEVICE_POSTPROCESS
