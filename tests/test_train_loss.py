@@ -220,6 +220,10 @@ def test_detection_loss_rejects_outputs_of_another_class_count_and_bad_targets()
         DetectionLoss(NC)(_raw(), _targets()[:, :5])
     with pytest.raises(ArgumentError, match="image index 3"):
         DetectionLoss(NC)(_raw(), torch.tensor([[3, 0, 0, 0, 10, 10.0]]))
+    with pytest.raises(ArgumentError, match=rf"DetectionLoss: target classes span 0..{NC}, outside 0..{NC - 1}"):
+        DetectionLoss(NC)(_raw(), torch.tensor([[0, 0, 0, 0, 10, 10.0], [1, NC, 4, 4, 20, 20]]))
+    with pytest.raises(ArgumentError, match="target classes span -1..0"):
+        DetectionLoss(NC)(_raw(), torch.tensor([[0, -1, 0, 0, 10, 10.0], [1, 0, 4, 4, 20, 20]]))
 
 
 def test_training_yolo9t_on_one_batch_lowers_the_loss():

@@ -19,7 +19,20 @@ from torch import nn
 from libreyolo.errors import ArgumentError
 from libreyolo.ops.boxes import box_iou
 
-__all__ = ["TaskAlignedAssigner", "pad_targets"]
+__all__ = ["TaskAlignedAssigner", "check_targets", "pad_targets"]
+
+
+def check_targets(targets: torch.Tensor, nc: int, owner: str = "the loss") -> None:
+    """Detection targets are (M, 6) rows ``[image, class, x1, y1, x2, y2]`` whose classes lie in
+    ``0..nc-1``; else an error naming ``owner``, the value and what to check."""
+    if targets.ndim != 2 or targets.shape[1] != 6:
+        raise ArgumentError(f"{owner}: targets have shape {tuple(targets.shape)}, expected (M, 6) rows "
+                            "[image index, class, x1, y1, x2, y2] in input pixels")
+    if targets.shape[0]:
+        lo, hi = torch.stack(torch.aminmax(targets[:, 1])).tolist()  # one device read
+        if lo < 0 or hi >= nc:
+            raise ArgumentError(f"{owner}: target classes span {lo:g}..{hi:g}, outside 0..{nc - 1} of a "
+                                f"{nc}-class head; check the dataset's labels against the model's nc")
 
 
 def pad_targets(targets: torch.Tensor, b: int, owner: str = "the loss",

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from libreyolo.errors import ArgumentError
 from libreyolo.models.rtmdet.network import STRIDES, decode_boxes, level_points, level_strides
 from libreyolo.ops.boxes import bbox_giou, box_iou
-from libreyolo.train.loss.assign import pad_targets
+from libreyolo.train.loss.assign import check_targets, pad_targets
 
 __all__ = ["RTMDetLoss", "SoftLabelAssignment", "dynamic_soft_label_assign", "quality_focal_loss"]
 
@@ -236,12 +236,4 @@ class RTMDetLoss:
             if d.shape != (x.shape[0], 4, *x.shape[2:]):
                 raise ArgumentError(f"RTMDetLoss: a distance map has shape {tuple(d.shape)}, expected "
                                     f"({x.shape[0]}, 4, {x.shape[2]}, {x.shape[3]}) beside its class map")
-        if targets.ndim != 2 or targets.shape[1] != 6:
-            raise ArgumentError(f"RTMDetLoss: targets have shape {tuple(targets.shape)}, expected (M, 6) rows "
-                                "[image index, class, x1, y1, x2, y2] in input pixels")
-        if targets.shape[0]:
-            cls = targets[:, 1]
-            lo, hi = float(cls.min()), float(cls.max())
-            if lo < 0 or hi >= self.nc:
-                raise ArgumentError(f"RTMDetLoss: target classes span {lo:g}..{hi:g}, outside 0..{self.nc - 1} "
-                                    f"of a {self.nc}-class head; check the dataset's labels against the model's nc")
+        check_targets(targets, self.nc, "RTMDetLoss")

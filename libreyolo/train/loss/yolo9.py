@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from libreyolo.errors import ArgumentError
 from libreyolo.models.yolo9.network import REG_MAX, STRIDES, decode_dfl
 from libreyolo.ops.boxes import bbox_ciou
-from libreyolo.train.loss.assign import TaskAlignedAssigner, pad_targets
+from libreyolo.train.loss.assign import TaskAlignedAssigner, check_targets, pad_targets
 
 __all__ = ["DetectionLoss", "bbox_ciou", "bbox_to_ltrb", "distribution_focal_loss", "make_anchors"]
 
@@ -161,6 +161,4 @@ class DetectionLoss:
                 raise ArgumentError(f"DetectionLoss: a level map has shape {tuple(r.shape)}, expected (B, {channels}, "
                                     f"H, W) for nc={self.nc}, reg_max={self.reg_max}; is the loss built with the "
                                     "model's number of classes?")
-        if targets.ndim != 2 or targets.shape[1] != 6:
-            raise ArgumentError(f"DetectionLoss: targets have shape {tuple(targets.shape)}, expected (M, 6) rows "
-                                "[image index, class, x1, y1, x2, y2] in input pixels")
+        check_targets(targets, self.nc, "DetectionLoss")

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from libreyolo.errors import ArgumentError
 from libreyolo.models.yolox.network import STRIDES, decode_boxes, level_grid
 from libreyolo.ops.boxes import box_iou
+from libreyolo.train.loss.assign import check_targets
 
 __all__ = ["Assignment", "YoloxLoss", "candidate_region", "paired_iou", "simota_assign"]
 
@@ -251,12 +252,4 @@ class YoloxLoss:
             if r.ndim != 4 or r.shape[1] != channels:
                 raise ArgumentError(f"YoloxLoss: a level map has shape {tuple(r.shape)}, expected (B, {channels}, "
                                     f"H, W) for nc={self.nc}; is the loss built with the model's number of classes?")
-        if targets.ndim != 2 or targets.shape[1] != 6:
-            raise ArgumentError(f"YoloxLoss: targets have shape {tuple(targets.shape)}, expected (M, 6) rows "
-                                "[image index, class, x1, y1, x2, y2] in input pixels")
-        if targets.shape[0]:
-            cls = targets[:, 1]
-            lo, hi = float(cls.min()), float(cls.max())
-            if lo < 0 or hi >= self.nc:
-                raise ArgumentError(f"YoloxLoss: target classes span {lo:g}..{hi:g}, outside 0..{self.nc - 1} of a "
-                                    f"{self.nc}-class head; check the dataset's labels against the model's nc")
+        check_targets(targets, self.nc, "YoloxLoss")
