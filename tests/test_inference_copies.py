@@ -205,6 +205,22 @@ def _toy(seed: int = 0) -> _Toy:
     return net
 
 
+def test_a_deep_copy_of_a_used_model_has_its_own_weights_and_predicts_the_same(model):
+    """copy.deepcopy of a model that has run (or was built with device=) copies the weights and
+    settings, not the inference-copy cache (its locks cannot be copied: this raised TypeError)."""
+    import copy
+
+    before = model(SAMPLE_IMAGE, conf=0.01).boxes.xyxy
+    assert len(before) > 0
+    twin = copy.deepcopy(model)
+    assert twin.net is not model.net and "_inference" not in twin.__dict__
+    assert torch.equal(twin(SAMPLE_IMAGE, conf=0.01).boxes.xyxy, before)
+    with torch.no_grad():
+        next(twin.net.parameters()).mul_(2.0)
+    assert torch.equal(model(SAMPLE_IMAGE, conf=0.01).boxes.xyxy, before)  # the original is untouched
+    assert twin._inference_opts == model._inference_opts == {"fold_bn": True, "channels_last": "auto"}
+
+
 def test_fold_conv_bn_is_a_generic_module_transform():
     net = _toy()
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,22 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         if ckpt.meta.get("quantization") is not None:  # a quantized save (README, Quantization)
             model._restore_quantization(ckpt.meta["quantization"], ckpt.path or "checkpoint")
         return model
+
+    # what a copy of the model rebuilds on first use instead of copying: the inference-copy cache (with
+    # its CUDA graphs and compiled programs) and the pinned staging buffers hold device memory and locks
+    _RUNTIME_STATE = ("_inference", "_staging")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Model:
+        """``copy.deepcopy(model)``: its own master weights, settings and quantization state; inference
+        copies, graphs, compiled programs and staging buffers are made again when the copy runs. A
+        graph backend set on the model is shared (it is a strategy, not state)."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            if key in self._RUNTIME_STATE:
+                continue
+            new.__dict__[key] = value if key == "_graph_backend" else copy.deepcopy(value, memo)
+        return new
 
     # --- device and precision ----------------------------------------------------------------
     @property
