@@ -12,7 +12,7 @@ same network, so it is not trusted before it was compared with the eager copy:
   new compilation by torch.compile's own guards, and the first batch of each shape is run
   through the eager copy and the compiled program and compared with the export validator's
   tolerance model (:func:`check_against_eager`: per output group, each element within
-  ``FLOAT32_MULTIPLE`` times the eager copy's own float32 error against a float64 copy, plus the
+  ``ELEMENT_MULTIPLE`` times the eager copy's own float32 error against a float64 copy, plus the
   fp16 term for a float16 copy; :mod:`libreyolo.utils.tolerance`);
 - where compiling raises or the comparison fails, one warning says why, the reason is kept in
   ``compile_info()``, and that copy is served eagerly from then on.
@@ -277,6 +277,7 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
         net64 = _converted(module, torch.float64, ref_device)
         raw, s64 = selection.selection_runs(net64, picked, batch.to(ref_device, torch.float64))
         e64 = {k: v.double() for k, v in _cpu(named(raw)).items()}
+        every64 = {k: v.double() for k, v in _cpu(family.tie_evidence(raw)).items()}
         if batch.dtype == torch.float32:
             run: dict[str, Any] = {"eager": eager, "e64": e64, "e16": None, "selection": (s_eager, s64, None)}
         else:  # judged like an fp16 artifact: float32 drift, plus the fp16 drift from float32
@@ -307,10 +308,8 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
             if out not in got:
                 return {"passed": False, "ratio": float("inf"), "line": f"run {n}: output {out!r} is missing"}
             if g.exclusive:
-                fixed, ties, limit = align_exclusive(g, run["eager_aligned"][out], e64[out], compared[out],
-                                                     allowed[out])
-                if 0 < ties <= limit:
-                    compared = {**compared, out: fixed}
+                compared = {**compared, out: align_exclusive(g, run["eager_aligned"][out], e64[out], compared[out],
+                                                             allowed[out], every64.get(out))[0]}
             gap = FLOAT32_MULTIPLE * (1.0 - _cosine(g.view(run["eager_aligned"][out]), g.view(e64[out])))
             if run["e16"] is not None:
                 gap += FP16_DRIFT_FACTOR * (1.0 - _cosine(g.view(run["e16"][out]), g.view(run["eager"][out])))

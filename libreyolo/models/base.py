@@ -161,6 +161,14 @@ class Family:
         """Network outputs as {output name: tensor}; what postprocessing consumes."""
         return dict(zip(self.export.output_names, self.export_outputs(outputs), strict=True))
 
+    def tie_evidence(self, outputs: Any) -> dict[str, torch.Tensor]:
+        """For each output with an ``exclusive`` group (only the best channel of a column holds a
+        value): the same output from the network's ``outputs`` with every channel's value. Export
+        validation runs it on the float64 reference and excuses an artifact's channel flip only
+        where the two channels are within their allowance of a tie there
+        (:func:`libreyolo.utils.tolerance.align_exclusive`). Default: none (a count rule instead)."""
+        return {}
+
     def default_imgsz_for(self, size: str) -> int:
         """The input size of a ``size`` model whose checkpoint or YAML does not say (default: ``default_imgsz``)."""
         return self.default_imgsz

@@ -15,19 +15,26 @@ large numbers loses digits). No fixed threshold fits every model, so the allowan
    for unbounded ones (logits, maps).
 3. The eager model's *float32 drift* of a group is the largest ``|eager32 - float64| / scale``
    over its elements on all validation inputs.
-4. Every element of an artifact's output may then be ``(FLOAT32_MULTIPLE * drift + FLOOR) * scale``
-   away from float64: the artifact must be at most ``FLOAT32_MULTIPLE`` times as far from the
-   exact result as the eager model itself is. fp16 artifacts may add ``FP16_DRIFT_FACTOR`` times
-   the eager model's own fp16 drift (``|eager16 - eager32| / scale``) of the group.
+4. Every element of an artifact's output may then be ``(ELEMENT_MULTIPLE * drift + FLOOR) * scale``
+   away from float64: the artifact's largest error must be at most ``ELEMENT_MULTIPLE`` times the
+   eager model's largest. fp16 artifacts may add ``FP16_DRIFT_FACTOR`` times the eager model's own
+   fp16 drift (``|eager16 - eager32| / scale``) of the group.
+5. Each group's error *distribution* over all probes: at each of :data:`QUANTILES` below 1 the
+   artifact's error may be ``FLOAT32_MULTIPLE`` times eager's at the quantile with
+   ``1 + FLOAT32_MULTIPLE`` times fewer elements above it (:func:`quantile_allowance`). A
+   systematic error that stays below the largest element's allowance everywhere (every output
+   scaled by 1.0001) moves these quantiles far past eager's.
 
-The constants are measured (docs/export.md, "Tolerance model"): over the mutation suite's 16
-correct ONNX artifacts (four families, two seeds, normal and high gain) an artifact's error stayed
-within 3.0x the eager model's drift (4.0x counting YOLOX's tie decisions), so the multiple 8
-leaves a factor 2 or more; every one of its 64
-wrong artifacts (a conv scaled by 1.01, the head's classes shifted, fp16-rounded weights, channel
-order swapped) was refused, the weakest at 1.9x its allowance. The fp16 factor is not measured
-here (no fp16 artifact can be built on a CPU): the H200 AOTInductor fp16 package moved boxes 1.3x
-as far as eager fp16 did, and 4 leaves a factor 3 over that.
+The constants are measured (docs/export.md, "Tolerance model"). The largest error is a heavy-tailed
+statistic: over 16 correct ONNX programs of seeded YOLOv9-t (ONNX Runtime 1.32, AMD EPYC with
+AVX-512) it ranged from 0.5x to 10.2x the eager model's own largest, so ``ELEMENT_MULTIPLE`` 20
+leaves a factor 2 over the worst (the earlier multiple 8, set from 16 programs on another CPU whose
+worst was 3.0x, refused that one). The quantiles below 1 are stable: every correct program of the
+survey stayed within 0.28x of the allowance ``FLOAT32_MULTIPLE`` 8 gives them, and every wrong
+artifact of the mutation suite (a conv scaled by 1.01, the head's classes shifted, fp16-rounded
+weights, channel order swapped, outputs scaled by 1.001) was refused. The fp16 factor is not
+measured here (no fp16 artifact can be built on a CPU): the H200 AOTInductor fp16 package moved
+boxes 1.3x as far as eager fp16 did, and 4 leaves a factor 3 over that.
 """
 from __future__ import annotations
 
@@ -38,8 +45,11 @@ from typing import Any
 
 import torch
 
-# how many times the eager model's own float32 error (against float64) an artifact may have
+# how many times the eager model's own float32 error (against float64) an artifact may have, at
+# the quantiles of the error distribution below the largest (and for the rates of decisions)
 FLOAT32_MULTIPLE = 8.0
+# ... and at its largest element, a heavy-tailed statistic (see the module docstring)
+ELEMENT_MULTIPLE = 20.0
 # relative floor (of the element's scale): 8 float32 ulps, for groups the eager model happens to
 # compute (almost) exactly on the probes
 FLOOR = 8 * 2.0 ** -24
@@ -169,7 +179,7 @@ def allowance(groups: list[OutputGroup], ref64: dict[str, torch.Tensor], drift32
         ref = ref.double().cpu()
         if g.output not in allowed:
             allowed[g.output] = torch.full(ref.shape, math.inf, dtype=torch.float64)
-        factor = FLOAT32_MULTIPLE * drift32.get(g.key, 0.0) + FLOOR
+        factor = ELEMENT_MULTIPLE * drift32.get(g.key, 0.0) + FLOOR
         if drift16:
             factor += FP16_DRIFT_FACTOR * drift16.get(g.key, 0.0)
         scale = g.scale(ref)
@@ -207,11 +217,14 @@ def quantile_allowance(group: OutputGroup, pairs: list[tuple[torch.Tensor, torch
     """Per quantile (:data:`QUANTILES`), how far from float64 (relative to the element's scale) an
     artifact's errors may be, pooled over every probe (flips are rare events: one probe may have
     none): ``FLOAT32_MULTIPLE`` times the eager model's own error at the correspondingly higher
-    quantile over ``pairs`` = [(eager, float64), ...], plus ``FP16_DRIFT_FACTOR`` times that of
+    quantile over ``pairs`` = [(eager, float64), ...] (``ELEMENT_MULTIPLE`` times its largest at
+    the quantile 1, as element by element), plus ``FP16_DRIFT_FACTOR`` times that of
     ``floors`` = [(a format's own quantization run in eager, eager), ...] (the quantization floor),
     plus ``FLOOR``."""
     shifted = tuple(1.0 - (1.0 - q) / (1.0 + FLOAT32_MULTIPLE) for q in QUANTILES)
-    bar = FLOAT32_MULTIPLE * _quantiles(pooled_error(group, pairs), shifted) + FLOOR
+    multiple = torch.tensor([ELEMENT_MULTIPLE if q == 1.0 else FLOAT32_MULTIPLE for q in QUANTILES],
+                            dtype=torch.float64)
+    bar = multiple * _quantiles(pooled_error(group, pairs), shifted) + FLOOR
     if floors:
         bar = bar + FP16_DRIFT_FACTOR * _quantiles(pooled_error(group, floors), shifted)
     return bar
@@ -223,13 +236,14 @@ def pooled_error(group: OutputGroup, pairs: list[tuple[torch.Tensor, torch.Tenso
 
 
 def quantile_ratio(group: OutputGroup, pairs: list[tuple[torch.Tensor, torch.Tensor]],
-                   bar: torch.Tensor) -> tuple[float, float, float, float]:
-    """(worst ratio, its quantile, the artifact's error there, the allowance there) of the error
-    quantiles of ``pairs`` = [(artifact, float64), ...] against ``bar`` (:func:`quantile_allowance`)."""
+                   bar: torch.Tensor) -> tuple[float, float, float, float, list[float]]:
+    """(worst ratio, its quantile, the artifact's error there, the allowance there, the ratio at
+    every quantile) of the error quantiles of ``pairs`` = [(artifact, float64), ...] against ``bar``
+    (:func:`quantile_allowance`)."""
     mine = _quantiles(pooled_error(group, pairs))
     ratios = mine / bar
     k = int(torch.argmax(ratios))
-    return float(ratios[k]), QUANTILES[k], float(mine[k]), float(bar[k])
+    return float(ratios[k]), QUANTILES[k], float(mine[k]), float(bar[k]), [float(r) for r in ratios]
 
 
 def score_tolerance(groups: list[OutputGroup], allowed: dict[str, torch.Tensor]) -> float:
@@ -256,40 +270,51 @@ def as_float64(outputs: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def align_exclusive(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, got: torch.Tensor,
-                    allowed: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+                    allowed: torch.Tensor, every64: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
     """For an ``exclusive`` group: ``got`` with the columns whose best value sits in another channel
-    than eager's, at a value within its allowance of eager's (a tie broken the other way), put in
-    eager's channel; the number of such columns, and how many are allowed.
+    than eager's at a tie (a tie broken the other way) put in eager's channel; the number of such
+    columns, and the number of columns the artifact flipped.
 
-    How many such columns are plausible follows from eager's own tie rate (the columns where eager
-    float32 and float64 pick different channels): a runtime may be ``FLOAT32_MULTIPLE`` times as
-    far from float64 as eager is, value by value, and a tie flips where the gap between the two
-    best channels is below that error, so it may disagree with float64 in up to that multiple of
-    eager's ties, and with eager in up to ``1 + FLOAT32_MULTIPLE`` times them (seen: ONNX Runtime's
-    AVX-512 kernels flip 21-23 columns of a high-gain YOLOX where eager flips 7-9). Beyond that
-    nothing is moved, and the comparison fails them (a head whose classes moved changes every
-    column)."""
+    ``every64`` is the float64 reference's output with every channel's value (the family's
+    ``tie_evidence``; without it nothing is realigned). A flipped column is a tie when float64 puts
+    eager's channel and the artifact's closer to each other than the artifact's own error can
+    bridge, and the artifact's value is within its allowance of float64's for the channel it chose.
+    The artifact's own error is measured on the same probe: its largest error (relative to scale)
+    on the best channel of every column it did not flip, twice (each channel may move that far, in
+    opposite directions), capped by the allowance. A program that rounds differently flips columns
+    whose float64 gap is far below that (seen: gaps at most 1e-7 against an error of 1e-5); a head
+    whose classes moved flips columns whatever their gap. (A count of eager's own ties cannot tell
+    them apart: ONNX Runtime's AVX-512 kernels flip 21 columns of a high-gain YOLOX where eager
+    flips 2, and a head shifted on its smallest level flips 24.) The value moved to eager's
+    channel is the artifact's shifted by float64's gap between the two channels, so the element
+    compared there carries the artifact's own error. Other flips stay, and the comparison fails them."""
     axis = group.axis % got.dim()
     e = group.view(eager).double().cpu().movedim(axis, -1)
-    r = group.view(ref64).double().cpu().movedim(axis, -1)
     g = group.view(got).detach().double().cpu().movedim(axis, -1)
-    a = group.view(allowed).double().cpu().movedim(axis, -1)
-    if e.shape != g.shape or not e.numel():
+    if every64 is None or e.shape != g.shape or not e.numel():
         return got, 0, 0
+    d = group.view(every64).double().cpu().movedim(axis, -1)
+    if d.shape != g.shape:
+        return got, 0, 0
+    a = group.view(allowed).double().cpu().movedim(axis, -1)
+    scale = group.scale(every64.double().cpu()).movedim(axis, -1)
     ve, ce = e.max(-1)
-    vr, cr = r.max(-1)
     vg, cg = g.max(-1)
-    nonzero = (ve > 0) | (vg > 0)
-    eager_ties = int(((ce != cr) & ((ve > 0) | (vr > 0))).sum())
-    limit = int((1.0 + FLOAT32_MULTIPLE) * eager_ties)
-    differ = (ce != cg) & nonzero & ((ve - vg).abs() <= a.gather(-1, ce.unsqueeze(-1)).squeeze(-1))
+    flipped = (ce != cg) & ((ve > 0) | (vg > 0))
+    if not bool(flipped.any()):
+        return got, 0, 0
+    at = lambda t, c: t.gather(-1, c.unsqueeze(-1)).squeeze(-1)  # noqa: E731 - the value of channel c per column
+    own = ((vg - at(d, cg)).abs() / at(scale, cg))[~flipped]
+    own = float(own[torch.isfinite(own)].max()) if own.numel() else 0.0
+    bridge = torch.minimum(at(a, ce) + at(a, cg), own * (at(scale, ce) + at(scale, cg)))
+    differ = flipped & ((at(d, ce) - at(d, cg)).abs() <= bridge) & ((vg - at(d, cg)).abs() <= at(a, cg))
     moved = int(differ.sum())
-    if not moved or moved > limit:
-        return got, moved, limit
+    if not moved:
+        return got, 0, int(flipped.sum())
     rows = torch.zeros_like(g[differ])
-    rows[torch.arange(moved), ce[differ]] = vg[differ]
+    rows[torch.arange(moved), ce[differ]] = vg[differ] + at(d, ce)[differ] - at(d, cg)[differ]
     fixed = g.clone()
     fixed[differ] = rows
     out = got.detach().clone()
     group.view(out).copy_(fixed.movedim(-1, axis).to(out.dtype))
-    return out, moved, limit
+    return out, moved, int(flipped.sum())

@@ -72,6 +72,10 @@ class Yolox(DenseDetectFamily):
         """The per-level maps decoded into ``predictions`` (B, 4 + nc, N): in every artifact and graph."""
         return (decode(outputs),)
 
+    def tie_evidence(self, outputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``predictions`` with every class's score, not only the best one's (see the base class)."""
+        return {"predictions": decode(outputs, best_only=False)}
+
     def letterbox(self, imgsz: int) -> Letterbox:
         return Letterbox(imgsz, pad_value=114.0, placement="topleft", resize="pil-bilinear", size_rounding="floor",
                          channels="BGR", divisor=1.0)

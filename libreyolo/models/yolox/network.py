@@ -246,7 +246,7 @@ def decode_boxes(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES)
     return torch.cat(_box_corners(flat, levels, strides), 1)
 
 
-def decode(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES) -> torch.Tensor:
+def decode(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES, best_only: bool = True) -> torch.Tensor:
     """Per-level maps -> (B, 4 + nc, N): xyxy boxes in input pixels (as :func:`decode_boxes`), then class scores.
 
     A box's score is objectness times class probability, for its best class only (zero
@@ -254,11 +254,13 @@ def decode(levels: list[torch.Tensor], strides: tuple[int, ...] = STRIDES) -> to
     keeps exactly one class per box. The best class is taken on the class probabilities, first
     index on ties. Portable ops only (arange grids, exp, argmax, where), so the same code runs
     eagerly, under CUDA-graph capture and inside exported graphs; nothing reads values back to
-    the host.
+    the host. ``best_only=False``: every class's score (export validation's tie evidence).
     """
     flat = torch.cat([lv.flatten(2) for lv in levels], 2)  # (B, 5 + nc, N)
     top_left, bottom_right = _box_corners(flat, levels, strides)
     obj, cls = flat[:, 4:5], flat[:, 5:]
+    if not best_only:
+        return torch.cat((top_left, bottom_right, cls * obj), 1)
     best = cls.argmax(1, keepdim=True)
     classes = torch.arange(cls.shape[1], device=flat.device).view(1, -1, 1)
     scores = torch.where(classes == best, cls * obj, torch.zeros_like(cls))
