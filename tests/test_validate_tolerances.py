@@ -190,21 +190,21 @@ def test_an_exclusive_groups_flip_is_realigned_only_where_float64_ties_within_th
             art[0, 5, j], art[0, 4, j] = every[0, 5, j] + error[j], 0.0
         return art.float()
 
-    fixed, moved, flips = align_exclusive(group, eager, ref, artifact(ties), allowed, every)
+    fixed, moved, flips = align_exclusive(group, eager, artifact(ties), allowed, every)
     assert (moved, flips) == (3, 3) and torch.allclose(fixed.double(), eager, atol=2e-7)
     wrong = artifact([*ties, 20])                                    # column 20 flipped over a 0.1 gap
-    fixed, moved, flips = align_exclusive(group, eager, ref, wrong, allowed, every)
+    fixed, moved, flips = align_exclusive(group, eager, wrong, allowed, every)
     assert (moved, flips) == (3, 4) and float(fixed[0, 5, 20]) == float(wrong[0, 5, 20])
     # a gap of 1e-6 within the allowance: bridged by an artifact whose own error is 1e-6, not by one of 1e-9
     every[0, 5, 30] = every[0, 4, 30] - 1e-6
-    assert align_exclusive(group, eager, ref, artifact([30], 1e-6 * noise.sign()), allowed, every)[1] == 1
-    assert align_exclusive(group, eager, ref, artifact([30], 1e-9 * noise.sign()), allowed, every)[1] == 0
+    assert align_exclusive(group, eager, artifact([30], 1e-6 * noise.sign()), allowed, every)[1] == 1
+    assert align_exclusive(group, eager, artifact([30], 1e-9 * noise.sign()), allowed, every)[1] == 0
     # a head whose classes moved on one level (columns 0-19: class 1 holds class 0's score), right elsewhere
     shifted = artifact([]).double()
     shifted[0, 5, :20], shifted[0, 4, :20] = every[0, 4, :20], 0.0
-    fixed, moved, flips = align_exclusive(group, eager, ref, shifted.float(), allowed, every)
+    fixed, moved, flips = align_exclusive(group, eager, shifted.float(), allowed, every)
     assert flips == 20 and moved == len(ties)                        # realigned only where classes tied anyway
     everywhere = shifted.clone()
     everywhere[0, 5], everywhere[0, 4] = every[0, 4], 0.0
-    assert align_exclusive(group, eager, ref, everywhere.float(), allowed, every)[1:] == (0, n)  # no error to bridge
-    assert align_exclusive(group, eager, ref, artifact(ties), allowed, None)[1] == 0  # no evidence, no excuse
+    assert align_exclusive(group, eager, everywhere.float(), allowed, every)[1:] == (0, n)  # no error to bridge
+    assert align_exclusive(group, eager, artifact(ties), allowed, None)[1] == 0  # no evidence, no excuse

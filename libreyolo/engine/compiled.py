@@ -308,8 +308,8 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
             if out not in got:
                 return {"passed": False, "ratio": float("inf"), "line": f"run {n}: output {out!r} is missing"}
             if g.exclusive:
-                compared = {**compared, out: align_exclusive(g, run["eager_aligned"][out], e64[out], compared[out],
-                                                             allowed[out], every64.get(out))[0]}
+                compared = {**compared, out: align_exclusive(g, run["eager_aligned"][out], compared[out], allowed[out],
+                                                             every64.get(out))[0]}
             gap = FLOAT32_MULTIPLE * (1.0 - _cosine(g.view(run["eager_aligned"][out]), g.view(e64[out])))
             if run["e16"] is not None:
                 gap += FP16_DRIFT_FACTOR * (1.0 - _cosine(g.view(run["e16"][out]), g.view(run["eager"][out])))

@@ -269,8 +269,8 @@ def as_float64(outputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k: v.detach().double().cpu() for k, v in outputs.items() if isinstance(v, torch.Tensor)}
 
 
-def align_exclusive(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor, got: torch.Tensor,
-                    allowed: torch.Tensor, every64: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
+def align_exclusive(group: OutputGroup, eager: torch.Tensor, got: torch.Tensor, allowed: torch.Tensor,
+                    every64: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
     """For an ``exclusive`` group: ``got`` with the columns whose best value sits in another channel
     than eager's at a tie (a tie broken the other way) put in eager's channel; the number of such
     columns, and the number of columns the artifact flipped.
@@ -305,7 +305,8 @@ def align_exclusive(group: OutputGroup, eager: torch.Tensor, ref64: torch.Tensor
         return got, 0, 0
     at = lambda t, c: t.gather(-1, c.unsqueeze(-1)).squeeze(-1)  # noqa: E731 - the value of channel c per column
     own = ((vg - at(d, cg)).abs() / at(scale, cg))[~flipped]
-    own = float(own[torch.isfinite(own)].max()) if own.numel() else 0.0
+    own = own[torch.isfinite(own)]
+    own = float(own.max()) if own.numel() else 0.0  # no column left to measure it on: nothing is bridged
     bridge = torch.minimum(at(a, ce) + at(a, cg), own * (at(scale, ce) + at(scale, cg)))
     differ = flipped & ((at(d, ce) - at(d, cg)).abs() <= bridge) & ((vg - at(d, cg)).abs() <= at(a, cg))
     moved = int(differ.sum())
