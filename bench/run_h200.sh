@@ -31,6 +31,10 @@
 # tests beside it, then waits for it; serve40 waits for it to end (killing it past its time), brings its files back,
 # then the recorded serving run on compiled graphs with four Batcher settings in one process; rest40: the DETR
 # b1 rows and the decode27 stream rows.
+# at41 / rest41: as at40, with autotune on CUDA limited to cuDNN for the convolutions other than 1x1 (the package
+# without autotune exported and timed after it, --compare-default), and the export's timing held until the work
+# beside it is done (--time-after): the AOTInductor/INT8 GPU tests and the fp16 validation survey beside the export;
+# rest41 lets it time, collects it, then the DETR b1 rows with the reference (serving_bench) and with compile.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -404,7 +408,7 @@ at_wait() {  # wait until the autotune export ends or $1 seconds pass; then kill
   if kill -0 "$pid" 2>/dev/null && [ "${2:-}" = kill ]; then
     kill -- -"$pid"; sleep 2; echo "autotune export killed after its time" >> "$at_dir/$day-aoti-autotune-h200.log"
   fi
-  echo "autotune: $(grep -E '^(export|eager model|aoti_|rc=|wrote)|killed|Error' "$at_dir/$day-aoti-autotune-h200.log" | tail -8)"
+  echo "autotune: $(grep -E '^(export|eager model|aoti_|rc=|wrote|waited|without)|killed|Error' "$at_dir/$day-aoti-autotune-h200.log" | tail -8)"
 }
 if [ "$phase" = at40 ]; then
   mkdir -p "$at_dir"; echo "uid $(id -u)"
@@ -436,4 +440,32 @@ if [ "$phase" = rest40 ]; then
   timeout 200 python -u bench/stream_bench.py --graphs true --workers 4 --n 1024 --compile true --sources jpeg-cuda \
     --compute-stream default side --json "$out/$day-stream-h200-decode40.json" > "$out/$day-stream-h200-decode40.log" 2>&1
   echo "stream decode rc=$?"; grep -E "agreement|alone|\|" "$out/$day-stream-h200-decode40.log" | tail -8
+fi
+if [ "$phase" = at41 ]; then
+  mkdir -p "$at_dir"; rm -f "$at_dir/go"
+  setsid nohup bash -c "TORCHINDUCTOR_AUTOTUNE_NUM_CHOICES_DISPLAYED=3 timeout 1500 python -u bench/aoti_autotune_bench.py \
+    --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt --n 200 --warmup 20 --compare-default --time-after $at_dir/go \
+    --json $at_dir/$day-aoti-autotune-h200.json > $at_dir/$day-aoti-autotune-h200.log 2>&1; \
+    echo rc=\$? >> $at_dir/$day-aoti-autotune-h200.log" > /dev/null 2>&1 < /dev/null &
+  echo $! > "$at_dir/pid"
+  timeout 240 python -m pytest -q -m gpu tests/test_export_aoti.py tests/test_quantize_gpu.py -p no:cacheprovider \
+    > "$out/$day-gpu-tests-h200-aoti41.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-h200-aoti41.log" | tail -6
+  timeout $(( ${SURVEY_END:-520} - SECONDS )) python -u tools/validation_survey.py --formats aoti --device cuda --half \
+    --families yolo9,yolox,rtdetr --seeds 1 --first-seed 1 --gains normal --mutations scale \
+    --json "$out/$day-validation-survey-aoti-fp16-h200.json" > "$out/$day-validation-survey-aoti-fp16-h200.log" 2>&1
+  echo "survey rc=$?"; grep -v Warning "$out/$day-validation-survey-aoti-fp16-h200.log" | tail -14
+  touch "$at_dir/go"
+  at_wait $(( ${AT_WAIT:-570} - SECONDS ))
+  at_collect
+fi
+if [ "$phase" = rest41 ]; then
+  touch "$at_dir/go"
+  at_wait ${AT_WAIT:-200} kill
+  at_collect
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
+    --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200-run41.json" > "$out/$day-serving-b1-h200-run41.log" 2>&1
+  echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200-run41.log"
+  detr_compile_rows 41 ${DETR_LIMIT:-110}
 fi

@@ -5,7 +5,8 @@ The network (Conv-BN folded, :func:`libreyolo.engine.inference.fold_conv_bn`) is
 generated C++ (CPU) or Triton (CUDA) kernels plus a C++ wrapper, linked into a shared library
 inside a PT2 archive. Compile time is paid once, here (a C++ compiler is needed: g++ or
 clang++); loading the package takes well under a second. ``autotune=True`` (CUDA only) turns
-on Inductor's ``max_autotune`` (benchmarks kernel configurations; much longer compile).
+on Inductor's ``max_autotune`` (benchmarks kernel configurations; much longer compile) with the
+convolutions other than 1x1 left to cuDNN (:data:`CUDA_AUTOTUNE_CONFIGS` says why).
 
 The package is self-describing: the LibreYOLO metadata is an extra file of the archive
 (``extra/libreyolo_metadata.json``, the same key/value strings ONNX keeps in
@@ -47,7 +48,15 @@ _WRITER_RECORDS = (".data/",)
 # channels-last convolutions: about 10% faster than neither on the 2-core test machine (YOLOv9-t,
 # 160: 18.1 vs 20.8 ms, one thread) and a shorter compile; line tables only cost compile time
 CPU_INDUCTOR_CONFIGS: dict[str, Any] = {"aot_inductor.enable_line_tables": False, "freezing": True}
-CUDA_AUTOTUNE_CONFIGS: dict[str, Any] = {"max_autotune": True}
+# autotune=True on CUDA: max_autotune benchmarks Triton configurations of the pointwise and
+# reduction kernels and of the matrix products, which include every 1x1 convolution (Inductor
+# lowers a stride-1, unpadded 1x1 convolution to a matmul with its bias and activation fused in
+# when it autotunes). The other convolutions keep cuDNN: Inductor's Triton convolution templates
+# cost about 9 s of benchmarking per convolution shape on the H200 (YOLOv9-t has 26 such shapes
+# besides its 28 1x1 ones: the full search did not finish in 7 minutes,
+# bench/results/2026-12-04-aoti-autotune-h200-timeout.log), and torch's own config notes that
+# on CUDA they show no gains on an H100 (it keeps them off for the backward convolutions).
+CUDA_AUTOTUNE_CONFIGS: dict[str, Any] = {"max_autotune": True, "max_autotune_conv_backends": "ATEN"}
 
 
 def cxx_compiler() -> str | None:
