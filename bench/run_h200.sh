@@ -34,7 +34,7 @@
 # at41 / rest41: as at40, with autotune on CUDA limited to cuDNN for the convolutions other than 1x1 (the package
 # without autotune exported and timed after it, --compare-default), and the export's timing held until the work
 # beside it is done (--time-after): the AOTInductor/INT8 GPU tests and the fp16 validation survey beside the export;
-# rest41 lets it time, collects it, then the DETR b1 rows with the reference (serving_bench) and with compile.
+# rest41 lets it time, collects it, then the DETR b1 rows with the reference (serving_bench; with compile: DETR_ROWS=1).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -467,5 +467,5 @@ if [ "$phase" = rest41 ]; then
   timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
     --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200-run41.json" > "$out/$day-serving-b1-h200-run41.log" 2>&1
   echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200-run41.log"
-  detr_compile_rows 41 ${DETR_LIMIT:-110}
+  if [ -n "${DETR_ROWS:-}" ]; then detr_compile_rows 41 ${DETR_LIMIT:-110}; fi  # opt-in: device time for serving
 fi
