@@ -34,7 +34,8 @@
 # at41 / rest41: as at40, with autotune on CUDA limited to cuDNN for the convolutions other than 1x1 (the package
 # without autotune exported and timed after it, --compare-default), and the export's timing held until the work
 # beside it is done (--time-after): the AOTInductor/INT8 GPU tests and the fp16 validation survey beside the export;
-# rest41 lets it time, collects it, then the DETR b1 rows with the reference (serving_bench; with compile: DETR_ROWS=1).
+# rest41 lets it time, collects it, then the Batcher with overlap=True at 32 and 8 clients (max_batch 16, compiled
+# graphs) and, in the time left, the DETR b1 rows with the reference (serving_bench; with compile: DETR_ROWS=1).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -463,9 +464,20 @@ if [ "$phase" = rest41 ]; then
   touch "$at_dir/go"
   at_wait ${AT_WAIT:-200} kill
   at_collect
-  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
-  timeout 170 python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
-    --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200-run41.json" > "$out/$day-serving-b1-h200-run41.log" 2>&1
-  echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200-run41.log"
+  # the Batcher with overlap=True (one worker, the next batch started while one runs) against in_flight 1 without
+  timeout ${SERVE_LIMIT:-300} python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+    --clients ${SERVE_CLIENTS:-32,8} --requests 64 --compile true --stop-compile-workers --max-batch 16 \
+    --configs ${SERVE_CONFIGS:-1:5,1:5:o,1:2:o,2:2:o} \
+    --out "$out/$day-serve-h200-overlap-41.json" > "$out/$day-serve-h200-overlap-41.log" 2>&1
+  echo "serve rc=$?"; grep -E "^(lock|b[0-9])|32 clients|Error" "$out/$day-serve-h200-overlap-41.log"
+  left=$(( 585 - SECONDS ))
+  if [ $left -gt 100 ]; then
+    printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+    timeout $left python bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 30 --warmup 5 --no-aoti \
+      --workloads sparse --batches 1 --json "$out/$day-serving-b1-h200-run41.json" > "$out/$day-serving-b1-h200-run41.log" 2>&1
+    echo "serving rc=$?"; tail -16 "$out/$day-serving-b1-h200-run41.log"
+  else
+    echo "serving b1 rows not run: $left s left"
+  fi
   if [ -n "${DETR_ROWS:-}" ]; then detr_compile_rows 41 ${DETR_LIMIT:-110}; fi  # opt-in: device time for serving
 fi

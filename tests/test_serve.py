@@ -96,12 +96,13 @@ class Gated:
 
 
 # --- Batcher --------------------------------------------------------------------------------------
-def test_concurrent_callers_each_get_exactly_their_direct_result_in_shared_batches(model, frames):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_concurrent_callers_each_get_exactly_their_direct_result_in_shared_batches(model, frames, overlap):
     options = [{}, {}, {}, {"max_det": 1}]  # every 4th caller asks for other options: never batched with the rest
     want = {(i, j): model(frames[i], imgsz=IMGSZ, conf=CONF, **options[j]) for i in range(4) for j in (0, 3)}
     got: list = [None] * 32
     start = threading.Barrier(32)
-    with Batcher(model, max_batch=8, max_wait_ms=500, imgsz=IMGSZ, conf=CONF) as batcher:
+    with Batcher(model, max_batch=8, max_wait_ms=500, overlap=overlap, imgsz=IMGSZ, conf=CONF) as batcher:
         def call(k: int) -> None:
             start.wait(30)
             got[k] = batcher(frames[k % 4], **options[k % 4])
@@ -157,6 +158,90 @@ def test_a_bad_image_fails_alone(model, frames):
         assert same(more.result(60), want[1]) and same(blocker.result(60), want[0])
         stats = batcher.stats()
     assert stats["retried_batches"] == 1 and stats["failed"] == 1 and stats["requests"] == 6
+
+
+class Logged(Gated):
+    """The model through enqueue(), logging ("start" | "read", images) in order; the first start can
+    be held (``hold``), and a batch holding ``poison`` raises when it is read back."""
+
+    def __init__(self, model, **kw) -> None:
+        super().__init__(model, **kw)
+        self.log: list[tuple[str, int]] = []
+
+    def enqueue(self, images, **kw):
+        self.log.append(("start", len(images)))
+        self.entered.set()
+        assert self.release.wait(30), "the test never released enqueue()"
+        finish = self._model.enqueue(images, **kw)
+
+        def read():
+            self.log.append(("read", len(images)))
+            if self.poison is not None and any(np.array_equal(i, self.poison) for i in images):
+                raise ValueError("poisoned image")
+            return finish()
+        return read
+
+
+def test_enqueue_starts_one_batch_and_its_call_returns_what_predict_returns(model, frames):
+    finish = model.enqueue(frames[:3], imgsz=IMGSZ, conf=CONF, batch=4)
+    got = finish()
+    want = model.predict(frames[:3], imgsz=IMGSZ, conf=CONF, batch=4)
+    assert len(got) == 3 and all(same(g, w) for g, w in zip(got, want, strict=True))
+    with pytest.raises(ArgumentError, match="one batch of at most batch=2 images, got 3 images"):
+        model.enqueue(frames[:3], imgsz=IMGSZ, batch=2)
+    with pytest.raises(ArgumentError, match="conf"):
+        model.enqueue(frames[:1], conf=2.0)
+    with pytest.raises(ImageError):
+        model.enqueue([frames[0], b"not an image"])
+
+
+def test_overlap_starts_the_next_batch_while_one_runs_and_hands_out_a_finished_one_first(model, frames,
+                                                                                        monkeypatch):
+    from libreyolo.serve import batcher as batcher_mod
+
+    want = [model(frames[k % 4], imgsz=IMGSZ, conf=CONF) for k in range(4)]
+
+    def run(ready):  # ready(log) -> whether the batch started last is done
+        logged = Logged(model, hold=True)
+        monkeypatch.setattr(batcher_mod._Launched, "ready", lambda self: ready(logged.log))
+        with Batcher(logged, max_batch=2, max_wait_ms=0, in_flight=1, overlap=True, imgsz=IMGSZ,
+                     conf=CONF) as batcher:
+            first = batcher.submit(frames[0])
+            assert logged.entered.wait(30)  # the first batch (of one) is being started; three more queue
+            rest = [batcher.submit(frames[k]) for k in range(1, 4)]
+            logged.release.set()
+            got = [first.result(60)] + [f.result(60) for f in rest]
+            stats = batcher.stats()
+        assert all(same(g, w) for g, w in zip(got, want, strict=True)) and stats["overlap"]
+        return logged.log
+
+    # a batch still on the device: the next one starts before it is read back
+    busy = run(lambda log: sum(what == "start" for what, _ in log) >= 3)  # running until a third batch started
+    assert busy == [("start", 1), ("start", 2), ("read", 1), ("start", 1), ("read", 2), ("read", 1)]
+    # a finished batch (always so on the CPU, where enqueue() runs it at once) is read back first
+    assert run(lambda log: True) == [("start", 1), ("read", 1), ("start", 2), ("read", 2), ("start", 1),
+                                      ("read", 1)]
+
+
+def test_overlap_a_batch_that_fails_when_read_back_fails_only_its_bad_image(model, frames):
+    poison = frames[3].copy()
+    poison[0, 0] = (1, 2, 3)
+    want = [model(f, imgsz=IMGSZ, conf=CONF) for f in frames[:3]]
+    logged = Logged(model, hold=True, poison=poison)
+    with Batcher(logged, max_batch=8, max_wait_ms=0, overlap=True, imgsz=IMGSZ, conf=CONF) as batcher:
+        blocker = batcher.submit(frames[0])
+        assert logged.entered.wait(30)
+        good = [batcher.submit(f) for f in frames[:3]]
+        bad = batcher.submit(poison)
+        logged.release.set()
+        with pytest.raises(ValueError, match="poisoned"):  # Logged.predict (the retry of each image) raises too
+            bad.result(60)
+        assert all(same(f.result(60), w) for f, w in zip(good, want, strict=True))
+        assert same(blocker.result(60), want[0])
+        stats = batcher.stats()
+    assert stats["retried_batches"] == 1 and stats["failed"] == 1
+    with pytest.raises(ArgumentError, match="overlap must be"):
+        Batcher(model, overlap="sometimes")
 
 
 def test_bytes_paths_and_async_callers_get_their_direct_results(model, frames, tmp_path):
@@ -492,7 +577,8 @@ def test_page_draws_the_boxes_of_a_chosen_image(server, model, tmp_path):
 
 # --- CUDA -----------------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_gpu_batcher_results_are_their_own_images_results_at_a_padded_size(frames):
+@pytest.mark.parametrize("in_flight, overlap", [(2, False), (1, True)])
+def test_gpu_batcher_results_are_their_own_images_results_at_a_padded_size(frames, in_flight, overlap):
     """16 threads on CUDA (graphs, two batches in flight, each uploading through pinned staging on its
     own side stream while the compute stream is held up): every result is bit for bit what its own
     image gives in a batch of one of the padded sizes. An upload not waited for, a staging buffer
@@ -513,7 +599,7 @@ def test_gpu_batcher_results_are_their_own_images_results_at_a_padded_size(frame
 
     model._preprocessor = slow
     got: list = []
-    with Batcher(model, max_batch=4, max_wait_ms=5, in_flight=2, **kw) as batcher:
+    with Batcher(model, max_batch=4, max_wait_ms=5, in_flight=in_flight, overlap=overlap, **kw) as batcher:
         def client(c: int) -> None:
             for r in range(6):
                 k = (c + r) % 4

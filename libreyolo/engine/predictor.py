@@ -188,22 +188,12 @@ class Predictor:
         decoded by Pillow. nvJPEG's pixels differ slightly from Pillow's (README). Its default
         ``workers`` is 0 (one thread reads, decodes and runs each batch: the fastest measured).
         """
-        from libreyolo.engine.options import PREDICT_OPTIONS
-        from libreyolo.options import check_input_budget
-
-        given = {"imgsz": imgsz, "half": half, "batch": batch, "cuda_graph": cuda_graph,
-                 "color_format": color_format, "verbose": verbose, "stream": stream, "progress": progress,
-                 "workers": workers, "decode": decode}
-        for name, value in given.items():
-            given[name] = PREDICT_OPTIONS[name].check(name, value)
-        opts = self.predict_options(**options)
-        half, batch, cuda_graph = given["half"], given["batch"], given["cuda_graph"]
-        verbose, stream, progress, color_format = (given[k] for k in ("verbose", "stream", "progress", "color_format"))
-        imgsz = self.family.check_imgsz(self.imgsz if given["imgsz"] is None else given["imgsz"])
-        step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
-        run_device, half = self._call_settings(resolve_device(device), half)
-
-        sources = open_sources(source, color_format=color_format)
+        given, opts, imgsz, step, run_device, half = self._checked_call(
+            options, imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph,
+            color_format=color_format, verbose=verbose, stream=stream, progress=progress, workers=workers,
+            decode=decode)
+        cuda_graph, verbose, stream, progress = (given[k] for k in ("cuda_graph", "verbose", "stream", "progress"))
+        sources = open_sources(source, color_format=given["color_format"])
         if given["decode"] == "cuda":
             sources.decode_on = _device_decoding(run_device)
         if verbose:
@@ -218,6 +208,50 @@ class Predictor:
             return run
         results = list(run)
         return results[0] if sources.single else results
+
+    def _checked_call(self, options: dict[str, Any], *, device: Any, **given: Any) -> tuple:
+        """predict()'s and enqueue()'s options checked, where they are declared: (the given options
+        checked, the task's options, imgsz, images per batch, the device, half)."""
+        from libreyolo.engine.options import PREDICT_OPTIONS
+        from libreyolo.options import check_input_budget
+
+        given = {name: PREDICT_OPTIONS[name].check(name, value) for name, value in given.items()}
+        opts = self.predict_options(**options)
+        imgsz = self.family.check_imgsz(self.imgsz if given["imgsz"] is None else given["imgsz"])
+        batch = given["batch"]
+        step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
+        run_device, half = self._call_settings(resolve_device(device), given["half"])
+        return given, opts, imgsz, step, run_device, half
+
+    def enqueue(self, source: Any, *, imgsz: int | None = None, half: bool | None = None,
+                device: str | torch.device | None = None, batch: int | None = None, cuda_graph: bool | str = False,
+                color_format: str = "bgr", **options: Any) -> Callable[[], list[Results]]:
+        """Start one batch and return before it is done: the returned call waits for it and returns
+        its list of :class:`Results` (call it once).
+
+        ``source`` and the options are :meth:`predict`'s (checked the same way), for at most one
+        batch of images (``batch``, default :attr:`default_batch`); an unreadable image raises here.
+        On CUDA the batch is uploaded (pinned staging, a side stream) and its work queued on the
+        device, so the caller can prepare and enqueue the next batch while this one runs, then read
+        this one back: what :class:`~libreyolo.serve.Batcher` does with ``overlap=True``. Results
+        equal :meth:`predict`'s. Elsewhere the work runs now and the call only builds the Results.
+        """
+        given, opts, imgsz, step, run_device, half = self._checked_call(
+            options, imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph,
+            color_format=color_format)
+        sources = open_sources(source, color_format=given["color_format"])
+        if sources.total is None or sources.total > step:
+            count = "a generator" if sources.total is None else f"{sources.total} images"
+            raise ArgumentError(f"enqueue() runs one batch of at most batch={step} images, got {count}; "
+                                "use predict() for more, or a larger batch")
+        chunk = next(iter(sources.batches(step, skip_unreadable=False)), [])
+        t0 = time.perf_counter()
+        pool = self._staging_pool() if staging_wanted(run_device) and not sources.on_device else None
+        staged = None if pool is None or not chunk else stage(chunk, run_device, pool, side_stream(run_device))
+        if not chunk:
+            return list
+        return self._start_chunk(chunk, t0, staged=staged, opts=opts, imgsz=imgsz, half=half,
+                                 cuda_graph=given["cuda_graph"], device=run_device)
 
     def _stream(self, sources: Sources, step: int, *, progress: bool | None, verbose: bool, keep_pixels: bool,
                 workers: int = 0, **kw: Any) -> Iterator[Results]:

@@ -14,6 +14,13 @@ are run again one at a time, so only the culprit gets the exception.
 the device, another is uploaded, letterboxed and its results built on the host (``predict()`` is
 thread-safe, and a CUDA graph's replay lock is held only while it is enqueued).
 
+``overlap=True`` overlaps batches inside each worker instead of across threads: the worker starts
+a batch with :meth:`~libreyolo.engine.predictor.Predictor.enqueue` (uploaded and queued on the
+device) and, while it runs, forms and enqueues the next one before reading the first back and
+handing out its results. While a batch is on the device the worker waits for requests only until
+that batch is done (a CUDA event it polls), so its callers never wait for company of the next
+batch. Each caller still gets exactly what ``predict()`` gives (the same calls, in another order).
+
 A lone request waits for company only when the traffic says company is coming: when the batch
 before it had more than one request, or another request is already queued. A single client
 therefore never pays ``max_wait_ms``; under load the batches fill as before.
@@ -43,6 +50,7 @@ from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
 
 _KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
 _TIMED = 15     # recent batch times kept per padded size (their median is the size's cost)
+_POLL_S = 3e-4  # overlap: how often a worker waiting for requests looks whether its batch on the device is done
 
 
 class BatcherClosed(LibreYOLOError, RuntimeError):
@@ -57,6 +65,21 @@ class _Request:
     call: dict[str, Any]            # those options, as predict() keywords
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     t_submit: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(eq=False)
+class _Launched:
+    """A batch started by an overlapping worker: ``finish`` reads it back (None: starting it raised)."""
+
+    group: list[_Request]
+    size: int
+    start: float
+    finish: Any
+    event: Any = None       # a CUDA event recorded after the batch's work (None: done when started)
+    host_s: float = 0.0     # host seconds spent starting it
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
 
 
 def _hashable(value: Any) -> Any:
@@ -91,12 +114,17 @@ class Batcher:
     """
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_wait_ms: float = 2.0,
-                 batch_sizes: Sequence[int] | None = None, in_flight: int | None = None, **predict_kw: Any) -> None:
+                 batch_sizes: Sequence[int] | None = None, in_flight: int | None = None, overlap: bool = False,
+                 **predict_kw: Any) -> None:
         self.model = model
         self.max_batch = BATCHER_OPTIONS["max_batch"].check("max_batch", max_batch)
         self.max_wait_ms = BATCHER_OPTIONS["max_wait_ms"].check("max_wait_ms", max_wait_ms)
         self.batch_sizes = self._check_sizes(batch_sizes)
         in_flight = BATCHER_OPTIONS["in_flight"].check("in_flight", in_flight)
+        self.overlap = BATCHER_OPTIONS["overlap"].check("overlap", overlap)
+        if self.overlap and not callable(getattr(model, "enqueue", None)):
+            raise ArgumentError(f"overlap=True starts batches with model.enqueue(), which this "
+                                f"{type(model).__name__} does not have; leave overlap off")
         from libreyolo.engine.options import PREDICT_OPTIONS
         from libreyolo.utils.checks import resolve_device
 
@@ -105,6 +133,7 @@ class Batcher:
         run_on = self._device or getattr(model, "device", None)
         on_cuda = run_on is not None and getattr(run_on, "type", None) == "cuda"
         self.in_flight = in_flight if in_flight is not None else (2 if on_cuda else 1)
+        self._cuda_device = run_on if on_cuda else None  # where an overlapping worker records its events
         self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
                                                                    predict_kw.pop("color_format", "bgr"))
         self.predict_kw = dict(predict_kw)
@@ -269,14 +298,23 @@ class Batcher:
         return await asyncio.wrap_future(future)
 
     # --- the worker ----------------------------------------------------------------------------
-    def _next_group(self) -> list[_Request] | None:
-        """The oldest request and up to max_batch - 1 more with its options; None once closed and drained."""
+    def _next_group(self, pending: _Launched | None = None) -> list[_Request] | None:
+        """The oldest request and up to max_batch - 1 more with its options; None once closed and drained.
+
+        With a batch of this worker's ``pending`` on the device: [] as soon as that batch is done
+        (a batch that is done is handed out first: its callers never wait for the next one to fill
+        or to start; on the CPU, where enqueue() runs the batch at once, that is at once).
+        """
         with self._cond:
             while True:
-                while not self._queue:
+                while not self._queue or pending is not None:
+                    if pending is not None and pending.ready():
+                        return []
+                    if self._queue:
+                        break
                     if self._closed:
                         return None
-                    self._cond.wait()
+                    self._cond.wait(None if pending is None else _POLL_S)
                 deadline = self._queue[0].t_submit + self.max_wait_ms / 1e3
                 if len(self._queue) == 1 and self._last_group == 1:
                     deadline = 0.0  # no sign of company coming: waiting would only add latency
@@ -284,6 +322,10 @@ class Batcher:
                     left = deadline - time.perf_counter()
                     if left <= 0:
                         break
+                    if pending is not None:
+                        if pending.ready():
+                            return []
+                        left = min(left, _POLL_S)
                     self._cond.wait(left)
                 if self._queue:  # else another worker took them while this one waited: start over
                     break
@@ -317,18 +359,70 @@ class Batcher:
             self._cost[size] = statistics.median(times)
 
     def _run(self) -> None:
+        if self.overlap:
+            return self._run_overlapped()
         while True:
             group = self._next_group()
             if group is None:
                 return
             if not group:
                 continue
+            self._guarded(group, self._run_group, group)
+
+    @staticmethod
+    def _guarded(group: list[_Request], fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:  # a bug of ours must not strand the callers or stop the worker
+            for r in group:
+                if not r.future.done():
+                    r.future.set_exception(exc)
+            return None
+
+    def _run_overlapped(self) -> None:
+        """The worker with ``overlap``: start a batch, then form and start the next one while it
+        runs, then read the first back (:meth:`_next_group` returns early once it is done)."""
+        pending: _Launched | None = None
+        while True:
+            group = self._next_group(pending)
+            if group is None and pending is None:
+                return
+            started = self._guarded(group, self._launch, group) if group else None
+            if pending is not None:
+                self._guarded(pending.group, self._finish, pending)
+            pending = started
+
+    def _launch(self, group: list[_Request]) -> _Launched:
+        start = time.perf_counter()
+        size = self._padded(len(group))
+        images = [r.image for r in group] + [group[-1].image] * (size - len(group))
+        call = {k: v for k, v in group[0].call.items() if k != "decode"}  # decoded already, in submit()
+        try:
+            finish = self.model.enqueue(images, batch=size, device=self._device, **call)
+        except Exception:  # run again image by image when it is read back (_finish)
+            finish = None
+        event = None
+        if finish is not None and self._cuda_device is not None:
+            import torch
+
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self._cuda_device))
+        return _Launched(group, size, start, finish, event, time.perf_counter() - start)
+
+    def _finish(self, launched: _Launched) -> None:
+        group, size = launched.group, launched.size
+        t0 = time.perf_counter()
+        results = None
+        if launched.finish is not None:
             try:
-                self._run_group(group)
-            except Exception as exc:  # a bug of ours must not strand the callers or stop the worker
-                for r in group:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
+                results = launched.finish()
+                if len(results) != size:
+                    raise ImageError(f"enqueue() returned {len(results)} results for {size} images")
+            except Exception:
+                results = None
+        if results is not None:  # the host time this worker spent on the batch (waiting for it included)
+            self._timed(size, launched.host_s + time.perf_counter() - t0)
+        self._deliver(group, launched.start, size, results)
 
     def _run_group(self, group: list[_Request]) -> None:
         start = time.perf_counter()
@@ -337,8 +431,16 @@ class Batcher:
         try:
             results = self._predict(images, group[0].call, size)
             self._timed(size, time.perf_counter() - start)
+        except Exception:
+            results = None
+        self._deliver(group, start, size, results)
+
+    def _deliver(self, group: list[_Request], start: float, size: int, results: list[Any] | None) -> None:
+        """Hand each caller its result; ``results`` None: the batch raised, so its images run again
+        one at a time and only the culprit's caller gets the exception."""
+        if results is not None:
             outcomes: list[tuple[Any, BaseException | None]] = [(r, None) for r in results[:len(group)]]
-        except Exception:  # one image may be the culprit: run each alone so only it fails
+        else:
             self._counts["retried_batches"] += 1
             outcomes = []
             for r in group:
@@ -391,7 +493,7 @@ class Batcher:
                 "queue_wait_ms_mean": round(float(wait.mean()), 3) if wait.size else None,
                 "queue_wait_ms_p50": pct(wait, 50), "latency_ms_p50": pct(lat, 50), "latency_ms_p99": pct(lat, 99),
                 "max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms, "batch_sizes": list(self.batch_sizes),
-                "in_flight": self.in_flight,
+                "in_flight": self.in_flight, "overlap": self.overlap,
                 "closed": self._closed}
 
     @property

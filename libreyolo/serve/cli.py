@@ -33,7 +33,8 @@ def cmd_serve(args: Any) -> int:
     given = {k for k in args.given if k in all_task_options() or k in ("imgsz", "half", "cuda_graph")}
     predict_kw = {k: args[k] for k in given}
     app = create_app(model, max_bytes=args["max_bytes"], annotate=args["annotate"], max_batch=args["max_batch"],
-                     max_wait_ms=args["max_wait_ms"], in_flight=args["in_flight"], device=args["device"], **predict_kw)
+                     max_wait_ms=args["max_wait_ms"], in_flight=args["in_flight"], overlap=args["overlap"],
+                     device=args["device"], **predict_kw)
     if args["warmup"]:
         app.state.batcher.warmup()
     print(f"libreyolo serve: {args['model']} on http://{args['host']}:{args['port']}/ (max_batch "

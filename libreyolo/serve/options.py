@@ -15,6 +15,9 @@ BATCHER_OPTIONS: dict[str, Opt] = {
     # None: 2 on CUDA (one batch's host work -- upload, results -- overlaps another's device work), 1 elsewhere
     "in_flight": Opt(int, None, "batches run at once, each on its own thread (default: 2 on CUDA, 1 elsewhere)",
                      min=1, max=8, none_ok=True),
+    # measured on the H200 (README "Serving"): one worker keeping two batches in flight
+    "overlap": Opt(as_bool, False, "each worker enqueues its next batch before reading the last one back, so on "
+                   "CUDA a batch's upload and launch overlap the device work of the one before", True),
 }
 
 # predict() options a request may not set: they describe the batch or the call, not the image
