@@ -464,8 +464,10 @@ if [ "$phase" = rest41 ]; then
   touch "$at_dir/go"
   at_wait ${AT_WAIT:-200} kill
   at_collect
+  timeout 90 python -m pytest -q -m gpu tests/test_serve.py -p no:cacheprovider > "$out/$day-gpu-tests-h200-serve41.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-h200-serve41.log" | tail -4
   # the Batcher with overlap=True (one worker, the next batch started while one runs) against in_flight 1 without
-  timeout ${SERVE_LIMIT:-300} python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
+  timeout ${SERVE_LIMIT:-280} python -u bench/serve_bench.py --half --model .gpushared/compat/checkpoints/yolo9-t-seed0.pt \
     --clients ${SERVE_CLIENTS:-32,8} --requests 64 --compile true --stop-compile-workers --max-batch 16 \
     --configs ${SERVE_CONFIGS:-1:5,1:5:o,1:2:o,2:2:o} \
     --out "$out/$day-serve-h200-overlap-41.json" > "$out/$day-serve-h200-overlap-41.log" 2>&1
