@@ -17,7 +17,8 @@ through the real :class:`libreyolo.serve.Batcher` (decoding, options, grouping, 
 Each setting runs twice: ``take all`` (every queued request of one option set, up to ``max_batch``:
 the policy before batch times) and ``timed`` (the Batcher's: the count that runs the most images
 per second by its measured batch times). Reported per row: requests/s, p50/p99/max latency in ms,
-mean batch (``in_flight`` 2, as on CUDA, unless a setting names it). Prints a table and writes JSON.
+mean batch (``in_flight`` 2 unless a setting names it: the CUDA default before ``overlap``).
+Prints a table and writes JSON.
 The figures are a model: they say which policy leaves a tail on a device without stalls, not what
 the H200 gives.
 """

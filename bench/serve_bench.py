@@ -146,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=64, help="requests per client")
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
-    ap.add_argument("--in-flight", type=int, default=None, help="Batcher in_flight (default: its own)")
+    ap.add_argument("--in-flight", type=int, default=1, help="Batcher in_flight")
+    ap.add_argument("--overlap", default=None, choices=("true", "false"),
+                    help="Batcher overlap (default: its own, on on CUDA)")
     ap.add_argument("--configs", default=None,
                     help="Batcher settings to run in turn in this one process, as IN_FLIGHT:MAX_WAIT_MS pairs, "
-                         "':o' after one for overlap=True, e.g. '1:5,2:2,1:5:o' (default: --in-flight and "
-                         "--max-wait-ms); one compile and capture for all")
+                         "':o' after one for overlap=True (without: overlap=False), e.g. '1:5,2:2,1:5:o' (default: "
+                         "--in-flight, --max-wait-ms and --overlap); one compile and capture for all")
     ap.add_argument("--batch-sizes", default=None,
                     help="comma list of padded batch sizes, or 'all' (1 to max batch; default: powers of two)")
     ap.add_argument("--letterbox-outside", action="store_true",
@@ -176,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     clients = [int(c) for c in args.clients.split(",")]
-    configs = [(args.in_flight, args.max_wait_ms, False)]
-    if args.configs:
+    configs = [(args.in_flight, args.max_wait_ms, None if args.overlap is None else args.overlap == "true")]
+    if args.configs:  # IN_FLIGHT:MAX_WAIT_MS is without overlap, IN_FLIGHT:MAX_WAIT_MS:o with it
         configs = [(int(a), float(b), rest == ["o"]) for a, b, *rest in (c.split(":") for c in args.configs.split(","))]
     requests, imgsz = args.requests, args.imgsz
     if args.quick:

@@ -244,6 +244,25 @@ def test_overlap_a_batch_that_fails_when_read_back_fails_only_its_bad_image(mode
         Batcher(model, overlap="sometimes")
 
 
+def test_overlap_is_on_by_default_for_a_model_on_cuda_only(model):
+    class OnCuda:  # what the Batcher reads of a model at construction: where it runs, and enqueue()
+        device, names, imgsz = torch.device("cuda", 0), model.names, model.imgsz
+        family = model.family
+
+        def __init__(self, with_enqueue: bool) -> None:
+            if with_enqueue:
+                self.enqueue = model.enqueue
+
+        def predict_options(self, **kw):
+            return model.predict_options(**kw)
+
+    for target, want in ((OnCuda(True), True), (OnCuda(False), False), (model, False)):
+        with Batcher(target) as batcher:
+            assert (batcher.stats()["overlap"], batcher.stats()["in_flight"]) == (want, 1), target
+    with pytest.raises(ArgumentError, match="does not have; pass overlap=False"):
+        Batcher(OnCuda(False), overlap=True)
+
+
 def test_bytes_paths_and_async_callers_get_their_direct_results(model, frames, tmp_path):
     paths = []
     for i, f in enumerate(frames):

@@ -10,11 +10,11 @@ to ``max_batch``) by repeating an image, so with ``cuda_graph=True`` a graph is 
 size and replayed afterwards. The padding's results are dropped. When a batch raises, its images
 are run again one at a time, so only the culprit gets the exception.
 
-``in_flight`` workers do this at once (default 2 on CUDA, 1 elsewhere): while one batch runs on
-the device, another is uploaded, letterboxed and its results built on the host (``predict()`` is
-thread-safe, and a CUDA graph's replay lock is held only while it is enqueued).
+``in_flight`` workers (default 1) do this at once: while one batch runs on the device, another is
+uploaded, letterboxed and its results built on the host (``predict()`` is thread-safe, and a CUDA
+graph's replay lock is held only while it is enqueued).
 
-``overlap=True`` overlaps batches inside each worker instead of across threads: the worker starts
+``overlap`` (default: on on CUDA) overlaps batches inside each worker instead: the worker starts
 a batch with :meth:`~libreyolo.engine.predictor.Predictor.enqueue` (uploaded and queued on the
 device) and, while it runs, forms and enqueues the next one before reading the first back and
 handing out its results. While a batch is on the device the worker waits for requests only until
@@ -114,17 +114,14 @@ class Batcher:
     """
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_wait_ms: float = 2.0,
-                 batch_sizes: Sequence[int] | None = None, in_flight: int | None = None, overlap: bool = False,
+                 batch_sizes: Sequence[int] | None = None, in_flight: int = 1, overlap: bool | None = None,
                  **predict_kw: Any) -> None:
         self.model = model
         self.max_batch = BATCHER_OPTIONS["max_batch"].check("max_batch", max_batch)
         self.max_wait_ms = BATCHER_OPTIONS["max_wait_ms"].check("max_wait_ms", max_wait_ms)
         self.batch_sizes = self._check_sizes(batch_sizes)
-        in_flight = BATCHER_OPTIONS["in_flight"].check("in_flight", in_flight)
-        self.overlap = BATCHER_OPTIONS["overlap"].check("overlap", overlap)
-        if self.overlap and not callable(getattr(model, "enqueue", None)):
-            raise ArgumentError(f"overlap=True starts batches with model.enqueue(), which this "
-                                f"{type(model).__name__} does not have; leave overlap off")
+        self.in_flight = BATCHER_OPTIONS["in_flight"].check("in_flight", in_flight)
+        overlap = BATCHER_OPTIONS["overlap"].check("overlap", overlap)
         from libreyolo.engine.options import PREDICT_OPTIONS
         from libreyolo.utils.checks import resolve_device
 
@@ -132,7 +129,11 @@ class Batcher:
         self._device = resolve_device(PREDICT_OPTIONS["device"].check("device", device))
         run_on = self._device or getattr(model, "device", None)
         on_cuda = run_on is not None and getattr(run_on, "type", None) == "cuda"
-        self.in_flight = in_flight if in_flight is not None else (2 if on_cuda else 1)
+        can = callable(getattr(model, "enqueue", None))
+        self.overlap = (on_cuda and can) if overlap is None else overlap
+        if self.overlap and not can:
+            raise ArgumentError(f"overlap=True starts batches with model.enqueue(), which this "
+                                f"{type(model).__name__} does not have; pass overlap=False")
         self._cuda_device = run_on if on_cuda else None  # where an overlapping worker records its events
         self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
                                                                    predict_kw.pop("color_format", "bgr"))

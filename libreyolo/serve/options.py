@@ -12,12 +12,12 @@ BATCHER_OPTIONS: dict[str, Opt] = {
     "max_batch": Opt(int, 8, "most requests coalesced into one forward", min=1, max=MAX_BATCH),
     "max_wait_ms": Opt(float, 2.0, "longest a request waits for its batch to fill", min=0.0, max=MAX_WAIT_MS,
                        unit="ms"),
-    # None: 2 on CUDA (one batch's host work -- upload, results -- overlaps another's device work), 1 elsewhere
-    "in_flight": Opt(int, None, "batches run at once, each on its own thread (default: 2 on CUDA, 1 elsewhere)",
-                     min=1, max=8, none_ok=True),
-    # measured on the H200 (README "Serving"): one worker keeping two batches in flight
-    "overlap": Opt(as_bool, False, "each worker enqueues its next batch before reading the last one back, so on "
-                   "CUDA a batch's upload and launch overlap the device work of the one before", True),
+    "in_flight": Opt(int, 1, "batches run at once, each on its own thread", min=1, max=8),
+    # None: on on CUDA, where it was measured (bench/results/2026-12-05-serve-h100-overlap-recorded-41.json:
+    # 32 clients, max_batch 16: 2,942 requests/s, p99 16.4 ms against 1,614/s, 34.6 ms for two threads without it)
+    "overlap": Opt(as_bool, None, "each worker enqueues its next batch before reading the last one back, so a "
+                   "batch's upload and launch overlap the device work of the one before (default: on on CUDA, off "
+                   "elsewhere, where it changes nothing)", True),
 }
 
 # predict() options a request may not set: they describe the batch or the call, not the image
