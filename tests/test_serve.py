@@ -244,7 +244,7 @@ def test_overlap_a_batch_that_fails_when_read_back_fails_only_its_bad_image(mode
         Batcher(model, overlap="sometimes")
 
 
-def test_overlap_is_on_by_default_for_a_model_on_cuda_only(model):
+def test_overlap_is_on_by_default_for_cuda_graphs_on_cuda_only(model):
     class OnCuda:  # what the Batcher reads of a model at construction: where it runs, and enqueue()
         device, names, imgsz = torch.device("cuda", 0), model.names, model.imgsz
         family = model.family
@@ -256,9 +256,11 @@ def test_overlap_is_on_by_default_for_a_model_on_cuda_only(model):
         def predict_options(self, **kw):
             return model.predict_options(**kw)
 
-    for target, want in ((OnCuda(True), True), (OnCuda(False), False), (model, False)):
-        with Batcher(target) as batcher:
-            assert (batcher.stats()["overlap"], batcher.stats()["in_flight"]) == (want, 1), target
+    cases = ((OnCuda(True), True, True), (OnCuda(True), False, False), (OnCuda(False), True, False),
+             (model, True, False))
+    for target, graphs, want in cases:
+        with Batcher(target, cuda_graph=graphs) as batcher:
+            assert (batcher.stats()["overlap"], batcher.stats()["in_flight"]) == (want, 1), (target, graphs)
     with pytest.raises(ArgumentError, match="does not have; pass overlap=False"):
         Batcher(OnCuda(False), overlap=True)
 

@@ -14,7 +14,7 @@ are run again one at a time, so only the culprit gets the exception.
 uploaded, letterboxed and its results built on the host (``predict()`` is thread-safe, and a CUDA
 graph's replay lock is held only while it is enqueued).
 
-``overlap`` (default: on on CUDA) overlaps batches inside each worker instead: the worker starts
+``overlap`` (default: on with ``cuda_graph`` on CUDA) overlaps batches inside each worker instead: the worker starts
 a batch with :meth:`~libreyolo.engine.predictor.Predictor.enqueue` (uploaded and queued on the
 device) and, while it runs, forms and enqueues the next one before reading the first back and
 handing out its results. While a batch is on the device the worker waits for requests only until
@@ -130,7 +130,10 @@ class Batcher:
         run_on = self._device or getattr(model, "device", None)
         on_cuda = run_on is not None and getattr(run_on, "type", None) == "cuda"
         can = callable(getattr(model, "enqueue", None))
-        self.overlap = (on_cuda and can) if overlap is None else overlap
+        # by default where it was measured: CUDA graphs, whose replays queue without a host sync (an
+        # eager postprocess that syncs would start the next batch while its caller's batch waits)
+        graphed = bool(predict_kw.get("cuda_graph"))
+        self.overlap = (on_cuda and can and graphed) if overlap is None else overlap
         if self.overlap and not can:
             raise ArgumentError(f"overlap=True starts batches with model.enqueue(), which this "
                                 f"{type(model).__name__} does not have; pass overlap=False")

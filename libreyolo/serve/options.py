@@ -13,11 +13,12 @@ BATCHER_OPTIONS: dict[str, Opt] = {
     "max_wait_ms": Opt(float, 2.0, "longest a request waits for its batch to fill", min=0.0, max=MAX_WAIT_MS,
                        unit="ms"),
     "in_flight": Opt(int, 1, "batches run at once, each on its own thread", min=1, max=8),
-    # None: on on CUDA, where it was measured (bench/results/2026-12-05-serve-h100-overlap-recorded-41.json:
-    # 32 clients, max_batch 16: 2,942 requests/s, p99 16.4 ms against 1,614/s, 34.6 ms for two threads without it)
+    # None: on for CUDA graphs on CUDA, where it was measured
+    # (bench/results/2026-12-05-serve-h100-overlap-recorded-41.json: 32 clients, max_batch 16: 2,942
+    # requests/s, p99 16.4 ms against 1,614/s, 34.6 ms for two threads without it)
     "overlap": Opt(as_bool, None, "each worker enqueues its next batch before reading the last one back, so a "
-                   "batch's upload and launch overlap the device work of the one before (default: on on CUDA, off "
-                   "elsewhere, where it changes nothing)", True),
+                   "batch's upload and launch overlap the device work of the one before (default: on with cuda_graph "
+                   "on CUDA, off otherwise)", True),
 }
 
 # predict() options a request may not set: they describe the batch or the call, not the image
