@@ -203,7 +203,7 @@ def test_overlap_starts_the_next_batch_while_one_runs_and_hands_out_a_finished_o
 
     def run(ready):  # ready(log) -> whether the batch started last is done
         logged = Logged(model, hold=True)
-        monkeypatch.setattr(batcher_mod._Launched, "ready", lambda self: ready(logged.log))
+        monkeypatch.setattr(batcher_mod.Launched, "ready", lambda self: ready(logged.log))
         with Batcher(logged, max_batch=2, max_wait_ms=0, in_flight=1, overlap=True, imgsz=IMGSZ,
                      conf=CONF) as batcher:
             first = batcher.submit(frames[0])

@@ -40,13 +40,13 @@ import statistics
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
 from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
+from libreyolo.serve.requests import Launched, Request, default_batch_sizes, hashable
 
 _KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
 _TIMED = 15     # recent batch times kept per padded size (their median is the size's cost)
@@ -55,49 +55,6 @@ _POLL_S = 3e-4  # overlap: how often a worker waiting for requests looks whether
 
 class BatcherClosed(LibreYOLOError, RuntimeError):
     """A request came after :meth:`Batcher.close`."""
-
-
-@dataclass
-class _Request:
-    image: Any                      # an HWC uint8 array (its channel order in ``call``) or a CHW tensor
-    path: str | None
-    key: tuple                      # the options that change the computation, canonical and hashable
-    call: dict[str, Any]            # those options, as predict() keywords
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    t_submit: float = field(default_factory=time.perf_counter)
-
-
-@dataclass(eq=False)
-class _Launched:
-    """A batch started by an overlapping worker: ``finish`` reads it back (None: starting it raised)."""
-
-    group: list[_Request]
-    size: int
-    start: float
-    finish: Any
-    event: Any = None       # a CUDA event recorded after the batch's work (None: done when started)
-    host_s: float = 0.0     # host seconds spent starting it
-
-    def ready(self) -> bool:
-        return self.event is None or bool(self.event.query())
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value) if isinstance(value, (set, frozenset)) else value
-        return tuple(_hashable(v) for v in items)
-    if isinstance(value, Mapping):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    return value
-
-
-def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to ``max_batch`` (which is included even when not a power of two)."""
-    sizes, n = [], 1
-    while n < max_batch:
-        sizes.append(n)
-        n *= 2
-    return (*sizes, max_batch)
 
 
 class Batcher:
@@ -145,7 +102,7 @@ class Batcher:
         self._prepare_options(predict_kw)  # every default checked now, before any request
         self._room_for_graphs()
         self._cond = threading.Condition()
-        self._queue: collections.deque[_Request] = collections.deque()
+        self._queue: collections.deque[Request] = collections.deque()
         self._closed = False
         self._counts = {"requests": 0, "failed": 0, "batches": 0, "images": 0, "padded": 0, "retried_batches": 0}
         self._latency: collections.deque[float] = collections.deque(maxlen=_KEEP)
@@ -198,7 +155,7 @@ class Batcher:
         check_input_budget(self.max_batch, imgsz, explicit=True)
         common["imgsz"] = imgsz
         call = {**common, **{k: task[k] for k in merged if k in task}}
-        key = _hashable({**common, **dict(task)})
+        key = hashable({**common, **dict(task)})
         return key, call
 
     def _prepare_image(self, image: Any, color_format: str) -> tuple[Any, str | None, str]:
@@ -281,7 +238,7 @@ class Batcher:
             raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
         color_format, key, call = self._request_options(dict(options))
         pixels, path, order = self._prepare_image(image, color_format)
-        request = _Request(pixels, path, (key, order), {**call, "color_format": order})
+        request = Request(pixels, path, (key, order), {**call, "color_format": order})
         with self._cond:
             if self._closed:
                 raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
@@ -302,7 +259,7 @@ class Batcher:
         return await asyncio.wrap_future(future)
 
     # --- the worker ----------------------------------------------------------------------------
-    def _next_group(self, pending: _Launched | None = None) -> list[_Request] | None:
+    def _next_group(self, pending: Launched | None = None) -> list[Request] | None:
         """The oldest request and up to max_batch - 1 more with its options; None once closed and drained.
 
         With a batch of this worker's ``pending`` on the device: [] as soon as that batch is done
@@ -374,7 +331,7 @@ class Batcher:
             self._guarded(group, self._run_group, group)
 
     @staticmethod
-    def _guarded(group: list[_Request], fn: Any, *args: Any) -> Any:
+    def _guarded(group: list[Request], fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception as exc:  # a bug of ours must not strand the callers or stop the worker
@@ -386,7 +343,7 @@ class Batcher:
     def _run_overlapped(self) -> None:
         """The worker with ``overlap``: start a batch, then form and start the next one while it
         runs, then read the first back (:meth:`_next_group` returns early once it is done)."""
-        pending: _Launched | None = None
+        pending: Launched | None = None
         while True:
             group = self._next_group(pending)
             if group is None and pending is None:
@@ -396,7 +353,7 @@ class Batcher:
                 self._guarded(pending.group, self._finish, pending)
             pending = started
 
-    def _launch(self, group: list[_Request]) -> _Launched:
+    def _launch(self, group: list[Request]) -> Launched:
         start = time.perf_counter()
         size = self._padded(len(group))
         images = [r.image for r in group] + [group[-1].image] * (size - len(group))
@@ -411,9 +368,9 @@ class Batcher:
 
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self._cuda_device))
-        return _Launched(group, size, start, finish, event, time.perf_counter() - start)
+        return Launched(group, size, start, finish, event, time.perf_counter() - start)
 
-    def _finish(self, launched: _Launched) -> None:
+    def _finish(self, launched: Launched) -> None:
         group, size = launched.group, launched.size
         t0 = time.perf_counter()
         results = None
@@ -428,7 +385,7 @@ class Batcher:
             self._timed(size, launched.host_s + time.perf_counter() - t0)
         self._deliver(group, launched.start, size, results)
 
-    def _run_group(self, group: list[_Request]) -> None:
+    def _run_group(self, group: list[Request]) -> None:
         start = time.perf_counter()
         size = self._padded(len(group))
         images = [r.image for r in group] + [group[-1].image] * (size - len(group))
@@ -439,7 +396,7 @@ class Batcher:
             results = None
         self._deliver(group, start, size, results)
 
-    def _deliver(self, group: list[_Request], start: float, size: int, results: list[Any] | None) -> None:
+    def _deliver(self, group: list[Request], start: float, size: int, results: list[Any] | None) -> None:
         """Hand each caller its result; ``results`` None: the batch raised, so its images run again
         one at a time and only the culprit's caller gets the exception."""
         if results is not None:
