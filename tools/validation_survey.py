@@ -3,6 +3,7 @@ every mutation must be refused. Prints a table and writes JSON (the figures in d
 
     python tools/validation_survey.py --seeds 3 --formats onnx --json bench/results/<date>-validation-survey-cpu.json
     python tools/validation_survey.py --formats aoti --device cuda --half --mutations scale  # fp16 on a GPU
+    python tools/validation_survey.py --checkpoints a.pt,b.pt --imgsz 320 ...  # checkpoints instead
 
 Per case it records the eager model's measured float32 drift (against float64) per output group,
 the artifact's worst error relative to its allowance (``ratio``; > 1 is refused), split into the
@@ -44,6 +45,10 @@ def main() -> int:
     p.add_argument("--half", action="store_true", help="fp16 artifacts (CUDA)")
     p.add_argument("--gains", default="normal,high")
     p.add_argument("--mutations", default="all", help="all (model mutations and output scales), scale, or none")
+    p.add_argument("--checkpoints", default=None,
+                   help="comma list of checkpoints to survey instead of the seeded untrained models (e.g. the "
+                        "compatibility fixtures: untrained seeded models can leave float16's range)")
+    p.add_argument("--imgsz", type=int, default=None, help="with --checkpoints: export size (default: the model's)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     suffix = {"onnx": ".onnx", "executorch": ".pte", "aoti": ".pt2"}
@@ -51,35 +56,33 @@ def main() -> int:
     rows, start = [], time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in args.formats.split(","):
-            for family in args.families.split(","):
-                for seed in range(args.first_seed, args.first_seed + args.seeds):
-                    for high in [g == "high" for g in args.gains.split(",")]:
-                        model = mutations.seeded(family, seed, high).to(args.device)
-                        out = Path(tmp) / f"{family}-{seed}-{high}{suffix[fmt]}"
-                        report = model.export(format=fmt, imgsz=model.imgsz, output=out, validate=False, verbose=False,
-                                              **kw)
-                        v = compare(model, report.path)
-                        # the artifact's error in units of the eager model's drift (the floor included,
-                        # so an upper bound): what ELEMENT_MULTIPLE must cover
-                        own = _verdict(v)["element_ratio"] * ELEMENT_MULTIPLE
-                        case = {"format": fmt, "family": family, "seed": seed, "high_gain": high,
-                                "device": args.device, "half": args.half}
-                        rows.append({**case, "case": "true weights", **_verdict(v),
-                                     "artifact_vs_eager_float64_error": own, "drift": v.drift})
-                        print(_line(rows[-1]), flush=True)
-                        wrongs = []
-                        if args.mutations in ("all", "scale"):
-                            wrongs += [(f"outputs x{1 + eps:g}", _scaled(report.path, args.device, eps))
-                                       for eps in (1e-3, 1e-4)]
-                        if args.mutations == "all":
-                            for name, mutate in mutations.MODEL_MUTATIONS.items():
-                                bad = Path(tmp) / f"bad-{len(wrongs)}{suffix[fmt]}"
-                                mutate(model).export(format=fmt, imgsz=model.imgsz, output=bad, validate=False,
-                                                     verbose=False, **kw)
-                                wrongs.append((name, bad))
-                        for name, artifact in wrongs:
-                            rows.append({**case, "case": name, **_verdict(compare(model, artifact))})
-                            print(_line(rows[-1]), flush=True)
+            for family, seed, high, model in _models(args, mutations):
+                imgsz = args.imgsz if args.checkpoints and args.imgsz else model.imgsz
+                out = Path(tmp) / f"{family}-{seed}-{high}{suffix[fmt]}"
+                report = model.export(format=fmt, imgsz=imgsz, output=out, validate=False, verbose=False,
+                                      **kw)
+                v = compare(model, report.path)
+                # the artifact's error in units of the eager model's drift (the floor included,
+                # so an upper bound): what ELEMENT_MULTIPLE must cover
+                own = _verdict(v)["element_ratio"] * ELEMENT_MULTIPLE
+                case = {"format": fmt, "family": family, "seed": seed, "high_gain": high,
+                        "device": args.device, "half": args.half}
+                rows.append({**case, "case": "true weights", **_verdict(v),
+                             "artifact_vs_eager_float64_error": own, "drift": v.drift})
+                print(_line(rows[-1]), flush=True)
+                wrongs = []
+                if args.mutations in ("all", "scale"):
+                    wrongs += [(f"outputs x{1 + eps:g}", _scaled(report.path, args.device, eps))
+                               for eps in (1e-3, 1e-4)]
+                if args.mutations == "all":
+                    for name, mutate in mutations.MODEL_MUTATIONS.items():
+                        bad = Path(tmp) / f"bad-{len(wrongs)}{suffix[fmt]}"
+                        mutate(model).export(format=fmt, imgsz=imgsz, output=bad, validate=False,
+                                             verbose=False, **kw)
+                        wrongs.append((name, bad))
+                for name, artifact in wrongs:
+                    rows.append({**case, "case": name, **_verdict(compare(model, artifact))})
+                    print(_line(rows[-1]), flush=True)
     true = [r for r in rows if r["case"] == "true weights"]
     wrong = [r for r in rows if r["case"] != "true weights"]
     summary = {"false_refusals": sum(r["status"] != "passed" for r in true), "correct_artifacts": len(true),
@@ -106,6 +109,22 @@ def main() -> int:
                   "seconds": round(time.time() - start, 1), "summary": summary, "rows": rows}
         Path(args.json).write_text(json.dumps(record, indent=1, default=str))
     return 0 if summary["false_refusals"] == 0 and summary["false_acceptances"] == 0 else 1
+
+
+def _models(args, mutations):
+    """(family, seed or checkpoint name, high gain, model) of each case: the seeded untrained models,
+    or the checkpoints given."""
+    if args.checkpoints:
+        from libreyolo.api import LibreYOLO
+
+        for path in args.checkpoints.split(","):
+            model = LibreYOLO(path, device=args.device)
+            yield model.family.name, Path(path).stem, False, model
+        return
+    for family in args.families.split(","):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for high in [g == "high" for g in args.gains.split(",")]:
+                yield family, seed, high, mutations.seeded(family, seed, high).to(args.device)
 
 
 def _verdict(v) -> dict:
@@ -140,7 +159,7 @@ def _line(r: dict) -> str:
     gain = "high" if r["high_gain"] else "normal"
     own = r.get("artifact_vs_eager_float64_error")
     extra = f"  artifact error / eager drift <= {own:.2f}" if own is not None else ""
-    return (f"{r['format']:<11}{r['family']:<10}{r['seed']:<5}{gain:<7}{r['case']:<28}{r['status']:<8}"
+    return (f"{r['format']:<11}{r['family']:<10}{str(r['seed']):<5} {gain:<7}{r['case']:<28}{r['status']:<8}"
             f"ratio {r['ratio']:.3g} (elements {r['element_ratio']:.3g}, distribution {r['distribution_ratio']:.3g}"
             f" / {r['below_top_ratio']:.3g} below the top, "
             f"decoded failed {r['decoded_failed']}){extra}")
