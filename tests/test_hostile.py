@@ -283,7 +283,7 @@ def test_case8_a_closed_stdout_pipe_exits_quietly(monkeypatch):
 
 
 def test_case8_a_label_path_that_is_a_folder_skips_the_image_with_a_warning(tmp_path):
-    from libreyolo.train.data import _scan_one
+    from libreyolo.train.labels import _scan_one
 
     images, labels = tmp_path / "images", tmp_path / "labels"
     images.mkdir()

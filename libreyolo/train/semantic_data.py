@@ -19,7 +19,7 @@ encoding of class maps), ``I;16``/``I`` for more than 255 classes, or ``1``. Val
 are classes and ``255`` (:data:`IGNORE_INDEX`) marks pixels left out of the loss and the metrics.
 The mask has the size of the upright image.
 
-Masks are checked once, when a dataset is built, in threads like :func:`scan_images`: an image
+Masks are checked once, when a dataset is built, in threads like :func:`~libreyolo.train.labels.scan_images`: an image
 without a mask, with an unreadable or multi-channel mask, or with one of another size is skipped
 with one warning line naming the file; class ids outside ``0..nc-1`` (other than 255) are
 reported once per file and read as ignore. At most ``_MAX_WARNINGS`` lines, then one summary.
@@ -44,16 +44,14 @@ from libreyolo.errors import DatasetError, ImageError
 from libreyolo.ops.letterbox import Letterbox
 from libreyolo.train import augment as aug
 from libreyolo.train.data import (
-    _MAX_WARNINGS,
-    _SCAN_THREADS,
     DataConfig,
-    _check_image,
     _names_dict,
     _ReadsImages,
     _sample_rng,
     _to_chw,
     load_data_yaml,
 )
+from libreyolo.train.labels import _MAX_WARNINGS, _SCAN_THREADS, _check_image
 
 LOGGER = logging.getLogger("libreyolo")
 IGNORE_INDEX = 255
