@@ -245,11 +245,11 @@ class Predictor:
             raise ArgumentError(f"enqueue() runs one batch of at most batch={step} images, got {count}; "
                                 "use predict() for more, or a larger batch")
         chunk = next(iter(sources.batches(step, skip_unreadable=False)), [])
-        t0 = time.perf_counter()
-        pool = self._staging_pool() if staging_wanted(run_device) and not sources.on_device else None
-        staged = None if pool is None or not chunk else stage(chunk, run_device, pool, side_stream(run_device))
         if not chunk:
             return list
+        t0 = time.perf_counter()
+        pool = self._staging_pool() if staging_wanted(run_device) and not sources.on_device else None
+        staged = None if pool is None else stage(chunk, run_device, pool, side_stream(run_device))
         return self._start_chunk(chunk, t0, staged=staged, opts=opts, imgsz=imgsz, half=half,
                                  cuda_graph=given["cuda_graph"], device=run_device)
 

@@ -14,12 +14,13 @@ are run again one at a time, so only the culprit gets the exception.
 uploaded, letterboxed and its results built on the host (``predict()`` is thread-safe, and a CUDA
 graph's replay lock is held only while it is enqueued).
 
-``overlap`` (default: on with ``cuda_graph`` on CUDA) overlaps batches inside each worker instead: the worker starts
-a batch with :meth:`~libreyolo.engine.predictor.Predictor.enqueue` (uploaded and queued on the
-device) and, while it runs, forms and enqueues the next one before reading the first back and
-handing out its results. While a batch is on the device the worker waits for requests only until
-that batch is done (a CUDA event it polls), so its callers never wait for company of the next
-batch. Each caller still gets exactly what ``predict()`` gives (the same calls, in another order).
+``overlap`` (default: on with ``cuda_graph`` on CUDA) overlaps batches inside each worker
+instead: the worker starts a batch with :meth:`~libreyolo.engine.predictor.Predictor.enqueue`
+(uploaded and queued on the device) and, while it runs, forms and enqueues the next one before
+reading the first back and handing out its results. While a batch is on the device the worker
+waits for requests only until that batch is done (a CUDA event it polls), so its callers never
+wait for company of the next batch. Each caller still gets exactly what ``predict()`` gives (the
+same calls, in another order).
 
 A lone request waits for company only when the traffic says company is coming: when the batch
 before it had more than one request, or another request is already queued. A single client
