@@ -39,6 +39,13 @@
 # fp16survey: (prepared) the validator on fp16 AOTInductor packages of the reference-written fixtures (the seeded
 # untrained models leave float16's range, 2026-12-05-h100-NOTES.md): true weights and outputs scaled by 1.001 and
 # 1.0001, with every error quantile recorded (whether the error-distribution check can be applied to fp16).
+# t26a / t26b / t26c: the recorded run of issue 26's Targets, three calls in a row on one warm machine (then
+# `python3 bench/serving_targets.py --dir <the three calls' files>` builds the Targets table): t26a starts the
+# autotuned .pt2 export of the sparse YOLOv9-t (its timing held until the work beside it ends) and runs the graph
+# parity matrix of the seven families and the GPU tests of graphs, threads, copies, streaming and serving beside
+# it; t26b waits for the export's timing, then serving_bench with the reference (YOLOv9-t workloads and the
+# families, fp32 and fp16, batch 1, 8 and 32); t26c: compile_bench at batch 1, stream_bench (arrays sparse and
+# dense, JPEG files) with the compiled network in the graphs and the reference on the same frames.
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -492,4 +499,56 @@ if [ "$phase" = fp16survey ]; then
     --imgsz 320 --json "$out/$day-validation-survey-aoti-fp16-fixtures.json" \
     > "$out/$day-validation-survey-aoti-fp16-fixtures.log" 2>&1
   echo "survey rc=$?"; grep -v Warning "$out/$day-validation-survey-aoti-fp16-fixtures.log" | tail -20
+fi
+t26_dir=/tmp/at26
+if [ "$phase" = t26a ]; then
+  mkdir -p "$t26_dir"; rm -f "$t26_dir/go"
+  python -c "import sys; sys.path.insert(0, 'bench'); from stream_bench import sparse_model; \
+sparse_model('cpu', 640).save('$t26_dir/yolo9t-sparse.pt')"
+  setsid nohup bash -c "TORCHINDUCTOR_AUTOTUNE_NUM_CHOICES_DISPLAYED=3 timeout 1200 python -u bench/aoti_autotune_bench.py \
+    --model $t26_dir/yolo9t-sparse.pt --n 200 --warmup 20 --time-after $t26_dir/go \
+    --json $t26_dir/$day-aoti-autotune-t26.json > $t26_dir/$day-aoti-autotune-t26.log 2>&1; \
+    echo rc=\$? >> $t26_dir/$day-aoti-autotune-t26.log" > /dev/null 2>&1 < /dev/null &
+  echo $! > "$t26_dir/pid"
+  timeout ${PARITY_LIMIT:-240} python -u -m libreyolo.graphs.parity --family yolo9 yolox rtdetr dfine vit deit swin \
+    --json "$out/$day-graph-parity-t26.json" --md "$out/$day-graph-parity-t26.md" > "$out/$day-graph-parity-t26.log" 2>&1
+  echo "parity rc=$?"; grep -E "^[a-z0-9]+-|Error|fail" "$out/$day-graph-parity-t26.log" | tail -30
+  timeout ${TESTS_LIMIT:-240} python -m pytest -q -m gpu tests/test_graphs_gpu.py tests/test_inference_copies.py \
+    tests/test_stream_pipeline.py tests/test_serve.py tests/test_detr_gpu.py -p no:cacheprovider \
+    > "$out/$day-gpu-tests-t26.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-t26.log" | tail -6
+  touch "$t26_dir/go"
+  pid=$(cat "$t26_dir/pid"); end=$(( ${AT_WAIT:-570} ))
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+  cp "$t26_dir"/*.json "$t26_dir"/*.log "$out/" 2>/dev/null
+  echo "autotune: $(kill -0 "$pid" 2>/dev/null && echo still running) $(tail -5 "$t26_dir/$day-aoti-autotune-t26.log")"
+fi
+if [ "$phase" = t26b ]; then
+  touch "$t26_dir/go"
+  pid=$(cat "$t26_dir/pid" 2>/dev/null); end=$(( ${AT_WAIT:-150} ))
+  while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -- -"$pid"; echo "autotune killed after its time"; fi
+  cp "$t26_dir"/*.json "$t26_dir"/*.log "$out/" 2>/dev/null
+  echo "autotune: $(tail -5 "$t26_dir/$day-aoti-autotune-t26.log" 2>/dev/null)"
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout $(( ${SERVING_END:-585} - SECONDS )) python -u bench/serving_bench.py --peer-python /tmp/peerpy \
+    --shared .gpushared --n ${SERVING_N:-20} --warmup 5 --no-aoti --workloads sparse dense --batches 1 8 32 \
+    --family-batches 1 8 32 --family-precisions fp32 fp16 \
+    --json "$out/$day-serving-t26.json" > "$out/$day-serving-t26.log" 2>&1
+  echo "serving rc=$?"; grep -v "^ours\|^peer" "$out/$day-serving-t26.log" | tail -80
+fi
+if [ "$phase" = t26c ]; then
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 150 python -u bench/compile_bench.py --batches 1 --rows graph,compile:reduce-overhead,graph+compile:default \
+    --n 100 --warmup 10 --stop-compile-workers --json "$out/$day-compile-t26.json" > "$out/$day-compile-t26.log" 2>&1
+  echo "compile rc=$?"; tail -8 "$out/$day-compile-t26.log"
+  for spec in "arrays|--sources arrays --workers 4 8" "dense|--sources arrays --workers 4 8 --model .gpushared/bench/dense-yolo9t.pt" \
+      "jpeg|--sources jpeg-cuda jpeg --workers 8"; do
+    tag=${spec%%|*}; left=$(( ${STREAM_END:-585} - SECONDS ))
+    [ $left -gt 40 ] || { echo "stream $tag not run: $left s left"; continue; }
+    timeout $left python -u bench/stream_bench.py --graphs true --n 1024 --compile true ${spec#*|} \
+      --peer-python /tmp/peerpy --peer-frames 256 --json "$out/$day-stream-t26-$tag.json" \
+      > "$out/$day-stream-t26-$tag.log" 2>&1
+    echo "stream $tag rc=$?"; grep -v "^row\|^peer" "$out/$day-stream-t26-$tag.log" | tail -12
+  done
 fi

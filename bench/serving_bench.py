@@ -19,8 +19,9 @@ batch, exported and validated here, one per weights and precision), and through 
 eager and graphed ``predict()`` in a child process of ``--peer-python`` (its own interpreter,
 so the two packages never share a process). Also measured: our graphed network forward alone,
 the postprocessing alone (the family's ``postprocess`` on the network's outputs, per image),
-and, for the families rows, yolox-s, vit-s (224), rtdetr-r18/r34 and dfine-n/s at batch 1 fp32
-(untrained weights, the same file on both sides).
+and, for the families rows, yolo9-s, yolox-s, vit-s (224), rtdetr-r18/r34 and dfine-n/s at each of
+``--family-batches`` and ``--family-precisions`` (batch 1 fp32 by default; untrained weights, the same
+file on both sides), with the graphed network forward alone next to each graphed predict.
 
 Each figure is the median of ``--n`` calls (fewer for large batches) after a warm-up, timed on
 the host around a device synchronisation: what a caller waits for. The Targets of the serving
@@ -55,7 +56,7 @@ WORKLOADS = {  # name: (weights key, conf)
     "spread": ("spread", 0.25),
     "spread-0.001": ("spread", 0.001),
 }
-FAMILIES = (("yolox-s", "LibreYOLOXs.pt", 640), ("vit-s", "LibreViTs-cls.pt", 224),
+FAMILIES = (("yolo9-s", "LibreYOLO9s.pt", 640), ("yolox-s", "LibreYOLOXs.pt", 640), ("vit-s", "LibreViTs-cls.pt", 224),
             ("rtdetr-r18", "LibreRTDETRr18.pt", 640), ("rtdetr-r34", "LibreRTDETRr34.pt", 640),
             ("dfine-n", "LibreDFINEn.pt", 640), ("dfine-s", "LibreDFINEs.pt", 640))
 
@@ -89,7 +90,7 @@ def n_det(results) -> int:
 
 
 # --- the weights --------------------------------------------------------------------------------
-def prepare_weights(work: Path, shared: Path) -> dict[str, str]:
+def prepare_weights(work: Path, shared: Path, families: list[str] = ()) -> dict[str, str]:
     """Checkpoint files for every workload and family row (our untrained builds, saved in the
     reference's checkpoint format, which both libraries load)."""
     from libreyolo import LibreYOLO
@@ -107,7 +108,8 @@ def prepare_weights(work: Path, shared: Path) -> dict[str, str]:
             seq[-1].bias.fill_(math.log(5 / sparse.nc / (640 / stride) ** 2))
     files["sparse"] = sparse.save(work / "LibreYOLO9t-sparse.pt")
     for name, file, _ in FAMILIES:
-        files[name] = LibreYOLO(file.replace(".pt", ".yaml")).save(work / file)
+        if name in families:
+            files[name] = LibreYOLO(file.replace(".pt", ".yaml")).save(work / file)
     return files
 
 
@@ -187,7 +189,10 @@ def _ours_row(model, art, pkg: dict, workload: str, conf: float, precision: str,
     row["speed_eager_ms"] = {k: round(v, 3) for k, v in first.speed.items()}
     if cuda:
         row["predict_graph_ms"] = timed(lambda: model(src, **kw, cuda_graph=True), n, warm, cuda)
-        row["n_det_graph"] = n_det(model(src, **kw, cuda_graph=True))
+        graphed = model(src, **kw, cuda_graph=True)
+        row["n_det_graph"] = n_det(graphed)
+        graphed = graphed[0] if isinstance(graphed, list) else graphed
+        row["speed_graph_ms"] = {k: round(v, 3) for k, v in graphed.speed.items()}
         x = torch.rand(batch, 3, 640, 640, device=model.device).to(torch.float16 if half else torch.float32)
         row["forward_graph_ms"] = timed(lambda: model._forward(x, cuda_graph=True), n, warm, cuda)
         row["graph_info"] = {k: v for k, v in model.graph_info().items() if isinstance(v, (int, float, str, bool))}
@@ -218,18 +223,45 @@ def bench_ours_families(files: dict[str, str], args: argparse.Namespace, device:
     cuda = device == "cuda"
     rows = []
     for name, _, imgsz in FAMILIES:
-        rows.append(_family_row(LibreYOLO(files[name], device=device), name, imgsz, args, cuda))
-        print("ours " + json.dumps(rows[-1]), flush=True)
+        if name not in args.families:
+            continue
+        model = LibreYOLO(files[name], device=device)
+        for precision in args.family_precisions:
+            if precision == "fp16" and not cuda:
+                continue
+            for batch in args.family_batches:
+                try:
+                    rows.append(_family_row(model, name, imgsz, precision, batch, args, cuda))
+                except Exception as exc:  # noqa: BLE001 - one failing row is reported, the run goes on
+                    rows.append({"family": name, "imgsz": imgsz, "precision": precision, "batch": batch,
+                                 "error": f"{type(exc).__name__}: {exc}"[:300]})
+                print("ours " + json.dumps(rows[-1]), flush=True)
+        model.release_graphs()
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
     return rows
 
 
-def _family_row(model, name: str, imgsz: int, args: argparse.Namespace, cuda: bool) -> dict:
-    src = frame()
-    row: dict = {"family": name, "imgsz": imgsz, "precision": "fp32", "batch": 1}
-    row["predict_eager_ms"] = timed(lambda: model(src, conf=0.25), args.n, args.warmup, cuda)
+def _family_row(model, name: str, imgsz: int, precision: str, batch: int, args: argparse.Namespace,
+                cuda: bool) -> dict:
+    half = precision == "fp16"
+    n, warm = counts(args.n, args.warmup, batch)
+    src = frame() if batch == 1 else [frame()] * batch
+    kw = {"conf": 0.25, "half": half, "batch": batch}
+    row: dict = {"family": name, "imgsz": imgsz, "precision": precision, "batch": batch}
+    row["predict_eager_ms"] = timed(lambda: model(src, **kw), n, warm, cuda)
     if cuda:
-        row["predict_graph_ms"] = timed(lambda: model(src, conf=0.25, cuda_graph=True), args.n, args.warmup, cuda)
+        row["predict_graph_ms"] = timed(lambda: model(src, **kw, cuda_graph=True), n, warm, cuda)
+        first = model(src, **kw, cuda_graph=True)
+        first = first[0] if isinstance(first, list) else first
+        row["speed_graph_ms"] = {k: round(v, 3) for k, v in first.speed.items()}
         row["graph_supported"] = bool(model.graph_info().get("supported"))
+        x = torch.rand(batch, 3, imgsz, imgsz, device=model.device).to(torch.float16 if half else torch.float32)
+        try:  # the network alone, replayed (the floor under the graphed predict)
+            row["forward_graph_ms"] = timed(lambda: model._forward(x, cuda_graph=True), n, warm, cuda)
+        except Exception as exc:  # noqa: BLE001 - reported in the row, the run goes on
+            row["forward_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
     model.release_graphs()
     return row
 
@@ -283,12 +315,20 @@ for wl in cfg["workloads"]:
     del m
 for fam in cfg["families"]:
     m = libreyolo.LibreYOLO(fam["path"], device=cfg["device"])
-    row = {"family": fam["name"], "precision": "fp32", "batch": 1}
-    measure(m, frame(), {"conf": 0.25}, cfg["n"], cfg["warmup"], row, "predict_eager_ms")
+    for precision in cfg["family_precisions"]:
+        kw = {"conf": 0.25, **({"half": True} if precision == "fp16" else {})}
+        for batch in cfg["family_batches"]:
+            n, warm = counts(batch)
+            src = frame() if batch == 1 else [frame()] * batch
+            row = {"family": fam["name"], "precision": precision, "batch": batch}
+            measure(m, src, kw, n, warm, row, "predict_eager_ms")
+            if cuda:
+                measure(m, src, {**kw, "cuda_graph": True}, n, warm, row, "predict_graph_ms")
+            out["families"].append(row)
+            print("peer " + json.dumps(row), file=sys.stderr, flush=True)
+    del m
     if cuda:
-        measure(m, frame(), {"conf": 0.25, "cuda_graph": True}, cfg["n"], cfg["warmup"], row, "predict_graph_ms")
-    out["families"].append(row)
-    print("peer " + json.dumps(row), file=sys.stderr, flush=True)
+        torch.cuda.empty_cache()
 print("PEER_JSON " + json.dumps(out))
 '''
 
@@ -298,7 +338,10 @@ def bench_peer(files: dict[str, str], args: argparse.Namespace, device: str) -> 
            "precisions": [p for p in args.precisions if device == "cuda" or p == "fp32"],
            "workloads": [{"name": w, "path": files[k], "conf": c} for w, (k, c) in WORKLOADS.items()
                          if w in args.workloads],
-           "families": [{"name": name, "path": files[name]} for name, _, _ in FAMILIES]}
+           "families": [{"name": name, "path": files[name]} for name, _, _ in FAMILIES
+                        if name in args.families and not args.no_families],
+           "family_batches": args.family_batches,
+           "family_precisions": [p for p in args.family_precisions if device == "cuda" or p == "fp32"]}
     with tempfile.TemporaryDirectory() as tmp:  # outside the checkout: its libreyolo, not ours
         proc = subprocess.run([args.peer_python, "-c", PEER, json.dumps(cfg)], capture_output=True, text=True,
                               cwd=tmp)
@@ -329,10 +372,12 @@ def table(ours: list[dict], peer: dict) -> str:
                  _ratio(r.get("predict_graph_ms"), p.get("predict_graph_ms")) or "-",
                  _ratio(r.get("predict_aoti_graph_ms", r.get("predict_aoti_ms")), p.get("predict_graph_ms")) or "-"]
         lines.append(" | ".join(f"{c!s:>10}" for c in cells))
-    fam = {r["family"]: r for r in peer.get("families", [])}
+    fam = {(r["family"], r.get("precision", "fp32"), r.get("batch", 1)): r for r in peer.get("families", [])}
     for r in ours_families_rows:
-        p = fam.get(r["family"], {})
-        lines.append(f"{r['family']:>10} | fp32 b1 eager {r['predict_eager_ms']} graph {r.get('predict_graph_ms', '-')}"
+        p = fam.get((r["family"], r["precision"], r["batch"]), {})
+        eager = r.get("predict_eager_ms", r.get("error"))
+        lines.append(f"{r['family']:>10} | {r['precision']} b{r['batch']} eager {eager} graph "
+                     f"{r.get('predict_graph_ms', '-')} (forward {r.get('forward_graph_ms', '-')})"
                      f" | ref eager {p.get('predict_eager_ms', p.get('predict_eager_error', '-'))} graph "
                      f"{p.get('predict_graph_ms', p.get('predict_graph_error', '-'))} | graph x "
                      f"{_ratio(r.get('predict_graph_ms'), p.get('predict_graph_ms')) or '-'}")
@@ -342,7 +387,7 @@ def table(ours: list[dict], peer: dict) -> str:
 ours_families_rows: list[dict] = []
 
 
-def targets(ours: list[dict], peer: dict) -> list[dict]:
+def targets(ours: list[dict], peer: dict, families: list[dict] | None = None) -> list[dict]:
     """The serving issue's Targets, each with our figure, the reference's, the goal and the verdict."""
     idx = {(r["workload"], r["precision"], r["batch"]): r for r in ours}
     ref = {(r["workload"], r["precision"], r["batch"]): r for r in peer.get("workloads", [])}
@@ -390,6 +435,13 @@ def targets(ours: list[dict], peer: dict) -> list[dict]:
         p = ref.get((w, "fp16", 32), {})
         rips = round(32e3 / p["predict_graph_ms"], 1) if p.get("predict_graph_ms") else None
         add(f"{w}: b32 fp16 graphed predict >= {goal} images/s", ips, f">= {goal} images/s", (ips or 0) >= goal, rips)
+    fam = {(r["family"], r.get("precision", "fp32"), r.get("batch", 1)): r for r in peer.get("families", [])}
+    for r in families if families is not None else ours_families_rows:
+        g = r.get("predict_graph_ms")
+        rg = fam.get((r["family"], r["precision"], r["batch"]), {}).get("predict_graph_ms")
+        add(f"{r['family']}: {r['precision']} b{r['batch']} graphed predict <= 0.5x reference", g,
+            f"<= {round(rg / 2, 3) if rg else '?'} ms", g is not None and rg is not None and g <= rg / 2, rg,
+            needs_reference=True)
     return out
 
 
@@ -407,7 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--aoti-weights", nargs="+", default=["sparse", "dense", "spread"],
                     choices=["sparse", "dense", "spread"], help="the weights an AOTInductor package is made of")
-    ap.add_argument("--no-families", action="store_true", help="skip the yolox/vit/rtdetr/dfine rows")
+    ap.add_argument("--no-families", action="store_true", help="skip the yolo9-s/yolox/vit/rtdetr/dfine rows")
+    ap.add_argument("--families", nargs="+", default=[name for name, _, _ in FAMILIES],
+                    choices=[name for name, _, _ in FAMILIES], help="the families rows to run")
+    ap.add_argument("--family-batches", type=int, nargs="+", default=[1])
+    ap.add_argument("--family-precisions", nargs="+", default=["fp32"], choices=["fp32", "fp16"])
     ap.add_argument("--export-one", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--half", action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -422,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                       if k not in ("json", "export_one", "half")}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        files = prepare_weights(work, args.shared.resolve())  # absolute: the reference runs elsewhere
+        families = [] if args.no_families else args.families
+        files = prepare_weights(work, args.shared.resolve(), families)  # absolute: the reference runs elsewhere
         packages = ({} if args.no_aoti or device != "cuda"
                     else export_all(files, args.precisions, work, args.aoti_weights))
         ours = bench_ours(files, packages, args, device)

@@ -23,8 +23,11 @@ ceiling the pipeline approaches). ``--compile true`` runs it all with the compil
 graphs. ``--compute-stream side`` also runs every row with a CUDA stream of its own current instead of
 the legacy default stream (a library call that synchronises with the legacy stream, e.g. a synchronous
 copy inside a decoder, then does not wait for the forward); with ``jpeg-cuda``, the reading and the
-nvJPEG decoding of the files are also timed alone (``decode_alone``). Prints a table and writes JSON
-(device, torch, command).
+nvJPEG decoding of the files are also timed alone (``decode_alone``). ``--peer-python`` also times the
+reference 1.6.0 (a child process of that interpreter, the same weights saved as a checkpoint) on the first
+``--peer-frames`` frames of each source, as its users would run it: ``model(list of batch frames or
+file paths, half=True)``, eager and with ``cuda_graph=True``. Prints a table and writes JSON (device,
+torch, command).
 """
 from __future__ import annotations
 
@@ -155,6 +158,57 @@ def decode_agreement(files: list[Path], images: list[np.ndarray], device: torch.
             "nvjpeg_vs_source": diff(gpu, src)}
 
 
+PEER = r'''
+import json, statistics, sys, time, numpy as np, torch, libreyolo
+cfg = json.loads(sys.argv[1])
+m = libreyolo.LibreYOLO(cfg["weights"], device=cfg["device"])
+sync = torch.cuda.synchronize if cfg["device"] == "cuda" else (lambda: None)
+arrays = list(np.load(cfg["arrays"]))
+files = sorted(str(p) for p in __import__("pathlib").Path(cfg["jpeg"]).iterdir())[:len(arrays)] if cfg["jpeg"] else []
+out = {"version": libreyolo.__version__, "rows": []}
+for name, items in (("arrays", arrays), ("jpeg", files)):
+    if not items:
+        continue
+    chunks = [items[i:i + cfg["batch"]] for i in range(0, len(items), cfg["batch"])]
+    for graph in (False, True) if cfg["device"].startswith("cuda") else (False,):
+        row = {"source": name, "cuda_graph": graph, "frames": len(items)}
+        try:
+            times = []
+            for rep in range(cfg["repeats"] + 1):  # the first pass warms up (captures, allocations)
+                sync(); t = time.perf_counter()
+                for c in chunks:
+                    m(c, conf=cfg["conf"], half=cfg["half"], **({"cuda_graph": True} if graph else {}))
+                sync()
+                if rep:
+                    times.append(time.perf_counter() - t)
+            row["images_per_s"] = round(len(items) / statistics.median(times), 1)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        out["rows"].append(row)
+        print("peer " + json.dumps(row), file=sys.stderr, flush=True)
+print("PEER_JSON " + json.dumps(out))
+'''
+
+
+def bench_peer(args: argparse.Namespace, model, images: list[np.ndarray], folder: Path | None, tmp: Path) -> dict:
+    """The reference's images/s on the first ``--peer-frames`` frames of each source (its own process)."""
+    import subprocess
+
+    weights = args.model and str(Path(args.model).resolve()) or str(model.save(tmp / "weights.pt"))
+    arrays = tmp / "frames.npy"
+    np.save(arrays, np.stack(images[:args.peer_frames]))
+    cfg = {"weights": weights, "arrays": str(arrays), "batch": args.batch, "conf": args.conf,
+           "device": str(model.device), "half": model.device.type == "cuda", "repeats": args.repeats,
+           "jpeg": str(folder) if folder and "jpeg" in args.sources else None}
+    proc = subprocess.run([args.peer_python, "-c", PEER, json.dumps(cfg)], capture_output=True, text=True,
+                          cwd=tmp)  # outside the checkout: its libreyolo, not ours
+    sys.stdout.write("".join(ln + "\n" for ln in proc.stderr.splitlines() if ln.startswith("peer ")))
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEER_JSON ")]
+    if not line:
+        return {"error": f"reference run failed (rc {proc.returncode}): {proc.stderr[-2000:]}"}
+    return json.loads(line[-1][len("PEER_JSON "):])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write results here")
@@ -173,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="a checkpoint instead of the sparse YOLOv9-t (e.g. the dense one)")
     ap.add_argument("--compute-stream", nargs="+", default=["default"], choices=["default", "side"],
                     help="run predict() with the legacy default stream current, or a stream of its own")
+    ap.add_argument("--peer-python", help="interpreter with the reference libreyolo 1.6.0 importable (CUDA only)")
+    ap.add_argument("--peer-frames", type=int, default=256, help="frames per pass for the reference")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 12 small frames, batch 4, imgsz 64")
     args = ap.parse_args(argv)
     if args.quick:
@@ -234,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                         row["staging"] = {"allocations": pool.allocations, "bytes": pool.nbytes}
                     rows.append(row)
                     print("row " + json.dumps(row), flush=True)
+        if args.peer_python:
+            env["peer"] = bench_peer(args, model, images, folder, Path(tmp))
     forward = {f"graph={g}": forward_rate(model, args.batch, args.imgsz, half, g, args.repeats) for g in graphs}
     result = {**env, "precision": "fp16" if half else "fp32", "rows": rows, "forward_images_per_s": forward}
     if args.compile:
@@ -249,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['source']:>9} | {r['cuda_graph']!s:>5} | {r['compute_stream']:>7} | {r['workers']:>7} | "
               f"{r['path']:>8} | {r['images_per_s']:>9} | {round(r['images_per_s'] / base, 2) if base else '-':>7}")
     print("network forward alone (images/s):", forward)
+    for r in env.get("peer", {}).get("rows", []):
+        print(f"reference {r['source']} cuda_graph={r['cuda_graph']} ({r['frames']} frames): "
+              f"{r.get('images_per_s', r.get('error'))} images/s")
+    if env.get("peer", {}).get("error"):
+        print("reference:", env["peer"]["error"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
