@@ -178,3 +178,60 @@ def test_distilled_deit_state_dict_is_refused_with_what_to_do(tmp_path):
     with pytest.raises(CheckpointError, match="distillation token"):
         LibreYOLO(path)
 
+
+
+def _frames(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in shapes]
+
+
+@pytest.fixture(params=[True, False], ids=["runs-batched", "one-by-one"])
+def batched_runs(request, monkeypatch):
+    """Both ways ResizeCrop may run same-size images (batched is CUDA's default, one by one the CPU's)."""
+    from libreyolo.ops import classify
+
+    monkeypatch.setattr(classify, "_runs_batched", lambda device: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("floating", [False, True])
+def test_resize_crop_of_runs_gives_each_image_its_own_numbers(floating, batched_runs):
+    """Consecutive same-size images resized as one batch get the numbers of one image at a time."""
+    pre = ResizeCrop(64, crop_pct=0.875)
+    imgs = [f.permute(2, 0, 1) for f in _frames([(120, 90), (120, 90), (120, 90), (70, 130), (120, 90), (64, 64)])]
+    if floating:
+        imgs = [x.float() / 255 for x in imgs]
+    imgs.insert(2, imgs[1].float() / 255 if not floating else (imgs[1] * 255).round().to(torch.uint8))  # other dtype
+    batch, metas = pre(imgs)
+    for i, img in enumerate(imgs):
+        alone, meta = pre([img])
+        assert torch.equal(batch[i], alone[0]), i
+        assert metas[i] == meta[0]
+
+
+@pytest.mark.parametrize("bgr", [False, True])
+def test_resize_crop_place_batch_equals_the_per_image_path(bgr, batched_runs):
+    pre = ResizeCrop(64, crop_pct=0.9, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4))
+    frames = torch.stack(_frames([(96, 128)] * 3, seed=1))  # (B, H, W, 3) as uploaded
+    chw = [(f.flip(-1) if bgr else f).permute(2, 0, 1) for f in frames]
+    expect, metas = pre(chw)
+    assert torch.equal(pre.place_batch(frames, bgr), expect)
+    assert pre.metas_for(96, 128, 3) == metas
+    half = pre.place_batch(frames, bgr, torch.float16)
+    assert half.dtype == torch.float16 and torch.equal(half, pre(chw, dtype=torch.float16)[0])
+
+
+def test_resize_crop_makes_its_device_taps_once_per_geometry(batched_runs):
+    """The taps and constants reach the device once per geometry, not once per image and pass."""
+    from libreyolo.ops import classify
+
+    pre = ResizeCrop(48, crop_pct=0.8)
+    imgs = [f.permute(2, 0, 1) for f in _frames([(77, 101)] * 2, seed=2)]
+    pre(imgs)
+    taps, consts = classify._device_taps.cache_info(), classify._mean_std.cache_info()
+    pre(imgs)
+    pre([imgs[0]])
+    taps2, consts2 = classify._device_taps.cache_info(), classify._mean_std.cache_info()
+    assert (taps2.misses, consts2.misses) == (taps.misses, consts.misses)
+    runs = 2 if batched_runs else 3  # (the two images as one run, then one image) or one by one
+    assert taps2.hits == taps.hits + 2 * runs and consts2.hits == consts.hits + runs  # two passes a run

@@ -62,15 +62,36 @@ def _taps(in_size: int, out_size: int, first: int, count: int) -> tuple[torch.Te
     return idx.clamp(max=in_size - 1), w, fixed
 
 
+@lru_cache(maxsize=128)
+def _device_taps(in_size: int, out_size: int, first: int, count: int, integer: bool, offset: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_taps` on ``device`` (indices shifted by ``offset``; fixed-point or float32 weights),
+    made once per geometry and device: a copy from host memory per image and pass would wait for the
+    device's queued work each time."""
+    idx, w, fixed = _taps(in_size, out_size, first, count)
+    return (idx - offset).to(device), (fixed if integer else w.to(torch.float32)).to(device)
+
+
+@lru_cache(maxsize=16)
+def _mean_std(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The normalisation constants on ``device`` as (3, 1, 1) float32, made once per device."""
+    return (torch.tensor(mean, dtype=torch.float32, device=device).view(3, 1, 1),
+            torch.tensor(std, dtype=torch.float32, device=device).view(3, 1, 1))
+
+
+def _runs_batched(device: torch.device) -> bool:
+    """Whether :class:`ResizeCrop` resizes a run of same-size images as one batch on ``device``."""
+    return device.type == "cuda"
+
+
 def _resample(x: torch.Tensor, dim: int, in_size: int, out_size: int, first: int, count: int,
               integer: bool, offset: int = 0) -> torch.Tensor:
     """Resize ``x`` along ``dim`` to ``out_size``, computing outputs ``first .. first + count`` only.
 
-    ``x`` holds source positions ``offset ..`` along ``dim`` (a slice of the full source).
+    ``x`` holds source positions ``offset ..`` along ``dim`` (a slice of the full source); any
+    leading dimensions (a batch of same-size images) are carried along.
     """
-    idx, w, fixed = _taps(in_size, out_size, first, count)
-    idx = (idx - offset).to(x.device)
-    weights = (fixed if integer else w.to(torch.float32)).to(x.device)
+    idx, weights = _device_taps(in_size, out_size, first, count, integer, offset, x.device)
     shape = [1] * x.dim()
     shape[dim] = count
     acc = None
@@ -132,27 +153,58 @@ class ResizeCrop:
 
     def __call__(self, images: list[torch.Tensor], dtype: torch.dtype = torch.float32,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[LetterboxMeta]]:
-        """``images``: CHW RGB tensors (uint8 0..255 or float 0..1) already on the target device."""
+        """``images``: CHW RGB tensors (uint8 0..255 or float 0..1) already on the target device.
+
+        On CUDA a run of consecutive images of one size and dtype is resized as one batch (a
+        fortieth of the kernel launches at 32 images); the same operations per element as one image
+        at a time, so the same numbers. On the CPU one image at a time is faster (32 frames of
+        480x640 at 224 on 2 cores: 140 ms, batched 674 ms: the batch's intermediates leave the caches)."""
         device = images[0].device
         n, size = len(images), self.size
         if out is None:
             out = torch.empty((n, 3, size, size), device=device, dtype=dtype)
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=device).view(3, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32, device=device).view(3, 1, 1)
-        metas = []
-        for i, img in enumerate(images):
-            h, w = int(img.shape[-2]), int(img.shape[-1])
-            new_h, new_w, top, left = self.geometry(h, w)
-            if top < 0 or left < 0:
-                raise ValueError(f"image {w}x{h} resizes to {new_w}x{new_h}, smaller than the {size} crop")
-            x = self._resize_crop(img, h, w, new_h, new_w, top, left)
-            out[i].copy_((x - mean) / std)
-            metas.append(LetterboxMeta((h, w), new_h / h, (float(-left), float(-top))))
+        metas: list[LetterboxMeta] = []
+        start, runs = 0, _runs_batched(device)
+        while start < n:
+            first = images[start]
+            stop = start + 1
+            while runs and stop < n and images[stop].shape == first.shape and images[stop].dtype == first.dtype:
+                stop += 1
+            h, w = int(first.shape[-2]), int(first.shape[-1])
+            run = first.unsqueeze(0) if stop == start + 1 else torch.stack(images[start:stop])
+            self._normalised(run, h, w, out[start:stop])
+            metas += self.metas_for(h, w, stop - start)
+            start = stop
         return out, metas
+
+    def metas_for(self, h: int, w: int, n: int) -> list[LetterboxMeta]:
+        """The metas of ``n`` images of ``h`` x ``w`` (what :meth:`__call__` returns for them)."""
+        new_h, _, top, left = self.geometry(h, w)
+        return [LetterboxMeta((h, w), new_h / h, (float(-left), float(-top)))] * n
+
+    def place_batch(self, frames: torch.Tensor, bgr: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The network input of a batch of same-size 8-bit frames as they were uploaded: ``frames``
+        (B, H, W, 3), RGB or ``bgr``; the numbers :meth:`__call__` gives for the frames as CHW RGB
+        tensors, without a per-image reorder (integer resampling, then the same float operations)."""
+        x = frames.permute(0, 3, 1, 2)
+        x = x.flip(1) if bgr else x
+        out = torch.empty((int(x.shape[0]), 3, self.size, self.size), device=frames.device, dtype=dtype)
+        step = int(x.shape[0]) if _runs_batched(frames.device) else 1  # as __call__ runs them
+        for i in range(0, int(x.shape[0]), step):
+            self._normalised(x[i:i + step], int(x.shape[-2]), int(x.shape[-1]), out[i:i + step])
+        return out
+
+    def _normalised(self, run: torch.Tensor, h: int, w: int, out: torch.Tensor) -> None:
+        """Resize-crop ``run`` (k, 3, h, w) and write it, normalised, into ``out`` (k, 3, size, size)."""
+        new_h, new_w, top, left = self.geometry(h, w)
+        if top < 0 or left < 0:
+            raise ValueError(f"image {w}x{h} resizes to {new_w}x{new_h}, smaller than the {self.size} crop")
+        mean, std = _mean_std(tuple(self.mean), tuple(self.std), run.device)
+        out.copy_((self._resize_crop(run, h, w, new_h, new_w, top, left) - mean) / std)
 
     def _resize_crop(self, img: torch.Tensor, h: int, w: int, new_h: int, new_w: int, top: int,
                      left: int) -> torch.Tensor:
-        """The crop of the resized image as float32 in [0, 1]."""
+        """The crop of the resized images (k, C, h, w) as float32 in [0, 1]."""
         size = self.size
         integer = not img.is_floating_point()
         x = img.to(torch.int32) if integer else img.to(torch.float32)
@@ -161,15 +213,15 @@ class ResizeCrop:
             idx_v, _, _ = _taps(h, new_h, top, size)
             r0, r1 = int(idx_v.min()), int(idx_v.max()) + 1
             if new_w != w:
-                x = _resample(x[:, r0:r1], 2, w, new_w, left, size, integer)
+                x = _resample(x[..., r0:r1, :], -1, w, new_w, left, size, integer)
             else:
-                x = x[:, r0:r1, left:left + size]
+                x = x[..., r0:r1, left:left + size]
             if new_h != h:
-                x = _resample(x, 1, h, new_h, top, size, integer, offset=r0)
+                x = _resample(x, -2, h, new_h, top, size, integer, offset=r0)
             else:
-                x = x[:, top - r0:top - r0 + size]
+                x = x[..., top - r0:top - r0 + size, :]
         else:
-            x = x[:, top:top + size, left:left + size]
+            x = x[..., top:top + size, left:left + size]
         x = x.to(torch.float32)
         return x / 255.0 if integer else x
 
