@@ -174,3 +174,17 @@ def test_file_names_select_rtmdet():
     assert family_from_filename("LibreRTMDetn") is None
     model = LibreYOLO("LibreRTMDett.yaml")
     assert (model.family.name, model.size, model.imgsz) == ("rtmdet", "t", 640)
+
+
+def test_normalisation_constants_are_the_float32_values_of_the_recipe():
+    """The per-channel mean and std are made on the device by fills (no host copy), with the float32
+    values a host tensor of the recipe's numbers holds: the normalised input is unchanged."""
+    from libreyolo.models.rtmdet.family import BGR_MEAN, BGR_STD, _channels
+
+    for values in (BGR_MEAN, BGR_STD):
+        assert torch.equal(_channels(values, torch.device("cpu")),
+                           torch.tensor(values, dtype=torch.float32).view(1, 3, 1, 1))
+    batch = torch.randint(0, 256, (2, 3, 8, 8)).to(torch.float16)
+    pre = get_family("rtmdet").letterbox(64)
+    want = (batch.float() - torch.tensor(BGR_MEAN).view(1, 3, 1, 1)) / torch.tensor(BGR_STD).view(1, 3, 1, 1)
+    assert torch.equal(pre.normalize(batch), want)

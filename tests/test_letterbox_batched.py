@@ -80,3 +80,27 @@ def test_stretch_place_batch_equals_the_per_image_path(method, n, bgr, hw):
     got = st.place_batch(frames, bgr)
     assert got.dtype == want.dtype and torch.equal(got, want)
     assert st.metas_for(*hw, n) == metas
+
+
+@pytest.mark.parametrize("name", sorted(__import__("libreyolo.models.registry", fromlist=["families"]).families()))
+@pytest.mark.parametrize("bgr", [False, True], ids=["rgb", "bgr"])
+def test_every_family_place_batch_equals_its_per_image_preprocessing(name, bgr):
+    """Where a family's preprocessing has a batched form for uploaded frames (what CUDA predict runs on a
+    staged batch of same-size frames, eagerly and in a graph), it gives the per-image path's numbers bit
+    for bit, for fp32 and fp16 (a subclass that changes ``__call__`` must change ``place_batch`` too)."""
+    from libreyolo.data.sources import SourceImage
+    from libreyolo.models.registry import get_family
+
+    family = get_family(name)
+    imgsz = family.check_imgsz(getattr(family, "default_imgsz", None) or 64)
+    pre = family.letterbox(imgsz)
+    if not callable(getattr(pre, "place_batch", None)):
+        pytest.skip(f"{name}: its preprocessing has no batched form ({type(pre).__name__})")
+    hw = (max(8, imgsz * 3 // 4), imgsz + 16)
+    frames = torch.randint(0, 256, (2, *hw, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    images = [SourceImage(frames[i], bgr=bgr).orient(frames[i]) for i in range(2)]
+    for dtype in (torch.float32, torch.float16):
+        want, metas = pre(images, dtype=dtype)
+        got = pre.place_batch(frames, bgr, dtype)
+        assert got.dtype == want.dtype and torch.equal(got, want), (name, dtype)
+        assert pre.metas_for(*hw, 2) == metas

@@ -263,8 +263,9 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
     contract's. Returns ``passed``, the worst ``ratio`` to the allowance and a one-line summary.
     """
     from libreyolo.export import selection
+    from libreyolo.export.checks import compare_group, cosine
     from libreyolo.export.selection import align_row_sets, selection_edges
-    from libreyolo.export.validate import _cosine, _drifts, compare_group
+    from libreyolo.export.validate import _drifts
     from libreyolo.utils.tolerance import FLOAT32_MULTIPLE, FP16_DRIFT_FACTOR, align_exclusive, allowance, groups_for
 
     contract = family.export
@@ -310,9 +311,9 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
             if g.exclusive:
                 compared = {**compared, out: align_exclusive(g, run["eager_aligned"][out], compared[out], allowed[out],
                                                              every64.get(out))[0]}
-            gap = FLOAT32_MULTIPLE * (1.0 - _cosine(g.view(run["eager_aligned"][out]), g.view(e64[out])))
+            gap = FLOAT32_MULTIPLE * (1.0 - cosine(g.view(run["eager_aligned"][out]), g.view(e64[out])))
             if run["e16"] is not None:
-                gap += FP16_DRIFT_FACTOR * (1.0 - _cosine(g.view(run["e16"][out]), g.view(run["eager"][out])))
+                gap += FP16_DRIFT_FACTOR * (1.0 - cosine(g.view(run["e16"][out]), g.view(run["eager"][out])))
             check = compare_group(g, run["eager_aligned"][out], e64[out], compared[out], allowed[out], min_cos, gap)
             if not check["passed"]:
                 return {"passed": False, "ratio": check["ratio"], "line": f"run {n}: " + _describe(check)}

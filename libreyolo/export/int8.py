@@ -110,7 +110,8 @@ def plan(model: Any, data: str, imgsz: int | None = None) -> Int8Plan:
 def float_distance(plan_: Int8Plan, runtime: Any, imgsz: int) -> dict[str, Any]:
     """How far the artifact is from the *float* model on the sample image: per output, the largest
     absolute difference, the float output's largest magnitude and the cosine."""
-    from libreyolo.export.validate import _cosine, sample_batch
+    from libreyolo.export.checks import cosine
+    from libreyolo.export.validate import sample_batch
 
     model = plan_.float_model
     x, _ = sample_batch(model.family, imgsz)
@@ -126,7 +127,7 @@ def float_distance(plan_: Int8Plan, runtime: Any, imgsz: int) -> dict[str, Any]:
         if g.shape != r.shape:
             continue
         out[name] = {"max_abs": float((g - r).abs().max()), "float_max_abs": float(r.abs().max()),
-                     "cosine": _cosine(r, g)}
+                     "cosine": cosine(r, g)}
     return out
 
 

@@ -71,12 +71,26 @@ class NormalizedLetterbox(Letterbox):
         batch.copy_(self.normalize(batch))
         return batch, metas
 
+    def place_batch(self, frames: torch.Tensor, bgr: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """:meth:`Letterbox.place_batch`, normalised as :meth:`__call__` normalises (the same numbers)."""
+        batch = super().place_batch(frames, bgr, dtype)
+        batch.copy_(self.normalize(batch))
+        return batch
+
     def normalize(self, batch: torch.Tensor) -> torch.Tensor:
         """``(batch - mean) / std`` per channel of a (B, 3, H, W) batch already in the letterbox's
         units and channel order; float32."""
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
-        return (batch.float() - mean) / std
+        return (batch.float() - _channels(self.mean, batch.device)) / _channels(self.std, batch.device)
+
+
+def _channels(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """``values`` as a (1, 3, 1, 1) float32 tensor made on ``device`` by fills: no copy from host memory
+    (which on CUDA waits for the queued work, and cannot be captured in a CUDA graph); the float32
+    values ``torch.tensor(values, dtype=torch.float32)`` holds."""
+    out = torch.empty(len(values), dtype=torch.float32, device=device)
+    for i, v in enumerate(values):
+        out[i].fill_(v)
+    return out.view(1, -1, 1, 1)
 
 
 @register_family
