@@ -486,7 +486,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
     def train(self, **kwargs: Any) -> dict[str, Any]:
         """Train on a dataset: ``model.train(data="data.yaml", epochs=100, imgsz=640, batch=16)``.
 
-        Options and defaults: :class:`libreyolo.train.trainer.TrainArgs` (README, Training). Writes
+        Options and defaults: :class:`libreyolo.train.args.TrainArgs` (README, Training). Writes
         ``runs/train/<name>/`` (weights/last.pt and best.pt, results.csv/json/png); the model ends
         holding the trained (EMA) weights. Returns a summary (paths, last metrics, best fitness).
         """

@@ -1,6 +1,6 @@
 """The options of ``train()`` and ``val()``, declared once (see :mod:`libreyolo.options`).
 
-:class:`libreyolo.train.trainer.TrainArgs` checks every field with :data:`TRAIN_OPTIONS`, and
+:class:`libreyolo.train.args.TrainArgs` checks every field with :data:`TRAIN_OPTIONS`, and
 ``val()`` with :data:`VAL_OPTIONS`; ``libreyolo train`` / ``libreyolo val`` parse the command line
 with the same entries. Hyperparameters must be finite: a NaN learning rate would train to NaN.
 """
