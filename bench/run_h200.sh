@@ -46,6 +46,8 @@
 # it; t26b waits for the export's timing, then serving_bench with the reference (YOLOv9-t workloads and the
 # families, fp32 and fp16, batch 1, 8 and 32); t26c: compile_bench at batch 1, stream_bench (arrays sparse and
 # dense, JPEG files) with the compiled network in the graphs and the reference on the same frames.
+# fix43: (prepared) the GPU tests of the fixes made after the t26 run (RTMDet's batched normalisation, the
+# classifiers' resize-crop) and vit-s at b1/b8/b32 with the reference (the 58.5 ms b32 fp16 row of t26b).
 set -uo pipefail
 phase=$1; out=${2:-bench/results}; mkdir -p "$out"
 export PYTHONPATH=$PWD LIBREYOLO_HUB_KERNELS=0
@@ -513,7 +515,8 @@ sparse_model('cpu', 640).save('$t26_dir/yolo9t-sparse.pt')"
   timeout ${PARITY_LIMIT:-240} python -u -m libreyolo.graphs.parity --family yolo9 yolox rtdetr dfine vit deit swin \
     --json "$out/$day-graph-parity-t26.json" --md "$out/$day-graph-parity-t26.md" > "$out/$day-graph-parity-t26.log" 2>&1
   echo "parity rc=$?"; grep -E "^[a-z0-9]+-|Error|fail" "$out/$day-graph-parity-t26.log" | tail -30
-  timeout ${TESTS_LIMIT:-240} python -m pytest -q -m gpu tests/test_graphs_gpu.py tests/test_inference_copies.py \
+  LIBREYOLO_SHARED_DIR=$PWD/.gpushared timeout ${TESTS_LIMIT:-240} python -m pytest -q -m gpu tests/test_graphs_gpu.py \
+    tests/test_inference_copies.py tests/test_restore_rtmdet_gpu.py tests/test_classify_gpu.py \
     tests/test_stream_pipeline.py tests/test_serve.py tests/test_detr_gpu.py -p no:cacheprovider \
     > "$out/$day-gpu-tests-t26.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-t26.log" | tail -6
@@ -551,4 +554,14 @@ if [ "$phase" = t26c ]; then
       > "$out/$day-stream-t26-$tag.log" 2>&1
     echo "stream $tag rc=$?"; grep -v "^row\|^peer" "$out/$day-stream-t26-$tag.log" | tail -12
   done
+fi
+if [ "$phase" = fix43 ]; then
+  LIBREYOLO_SHARED_DIR=$PWD/.gpushared timeout 300 python -m pytest -q -m gpu tests/test_restore_rtmdet_gpu.py \
+    tests/test_classify_gpu.py tests/test_stream_pipeline.py -p no:cacheprovider > "$out/$day-gpu-tests-fix43.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "passed|failed|Error" "$out/$day-gpu-tests-fix43.log" | tail -6
+  printf '#!/bin/sh\nPYTHONPATH=%s/.peer exec python3 "$@"\n' "$PWD" > /tmp/peerpy; chmod +x /tmp/peerpy
+  timeout 250 python -u bench/serving_bench.py --peer-python /tmp/peerpy --shared .gpushared --n 20 --warmup 5 \
+    --no-aoti --workloads sparse --batches 1 --precisions fp16 --families vit-s --family-batches 1 8 32 \
+    --family-precisions fp32 fp16 --json "$out/$day-serving-vit-fix43.json" > "$out/$day-serving-vit-fix43.log" 2>&1
+  echo "serving rc=$?"; grep "vit-s" "$out/$day-serving-vit-fix43.log" | grep -v "^ours\|^peer"
 fi
