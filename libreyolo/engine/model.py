@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
+from libreyolo.engine.graphed import COMPILED, COMPILED_IN_GRAPH, GRAPHS_COMPILED, RUNNERS, ModelGraphs
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
 from libreyolo.engine.pipeline import PipelineGraphs
 from libreyolo.engine.predictor import Predictor
@@ -20,14 +21,9 @@ from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
 
 _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
-_GRAPHS = "graphs"  # the name a copy's GraphRunner is attached under (docs/inference.md)
-_COMPILED = "compiled"  # ... and its torch.compile program (libreyolo.engine.compiled)
-_GRAPHS_COMPILED = "graphs:compiled"  # with compile on: the GraphRunner whose graphs hold the compiled network
-_COMPILED_IN_GRAPH = "compiled:in-graph"  # ... and that network (a mode without Inductor CUDA graphs)
-_RUNNERS = (_GRAPHS, _GRAPHS_COMPILED)
 
 
-class Model(Quantizable, PipelineGraphs, Predictor):
+class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     """An eager model. Build with :func:`libreyolo.LibreYOLO`."""
 
     def __init__(self, family: Family, size: str, *, nc: int, names: dict[int, str], imgsz: int,
@@ -198,7 +194,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         copies = self._copies()
         live = []
         for c in copies.live():
-            runners = [r for r in (c.attachment(n) for n in _RUNNERS) if r is not None]
+            runners = [r for r in (c.attachment(n) for n in RUNNERS) if r is not None]
             live.append({**c.describe(), "graphs": sum(len(r.info()["graphs"]) for r in runners)})
         return {"options": dict(self._inference_opts), "default_dtype": str(self._default_dtype()).replace(
             "torch.", ""), "copies": live, "builds": copies.builds}
@@ -210,10 +206,10 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         """Copies were dropped: their graphs and compiled programs go with them; keep the counters cumulative."""
         had_graphs = False
         for c in retired:
-            if c.attachment(_COMPILED) is not None or c.attachment(_COMPILED_IN_GRAPH) is not None:
+            if c.attachment(COMPILED) is not None or c.attachment(COMPILED_IN_GRAPH) is not None:
                 self._compile_totals["retired"] += 1
                 self._compile_totals["last_retired"] = reason
-            for runner in (c.attachment(n) for n in _RUNNERS):
+            for runner in (c.attachment(n) for n in RUNNERS):
                 if runner is None:
                     continue
                 info = runner.info()
@@ -243,7 +239,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         if mode != self._compile:
             self._compile = mode
             for c in self._copies().live():
-                for name in (_COMPILED, _GRAPHS_COMPILED, _COMPILED_IN_GRAPH):
+                for name in (COMPILED, GRAPHS_COMPILED, COMPILED_IN_GRAPH):
                     c.detach(name)
         return self
 
@@ -255,7 +251,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
         from libreyolo.engine.compiled import CompiledForward, in_graph_mode, resolve_mode
 
         mode = resolve_mode(self._compile, copy.key.device)
-        name = _COMPILED_IN_GRAPH if in_graph else _COMPILED
+        name = COMPILED_IN_GRAPH if in_graph else COMPILED
         if in_graph:
             mode = in_graph_mode(mode)
         family, device = self.family, copy.key.device
@@ -273,7 +269,7 @@ class Model(Quantizable, PipelineGraphs, Predictor):
 
         copies = []
         for c in self._copies().live():
-            for name, used_by in ((_COMPILED, "predict(cuda_graph=False)"), (_COMPILED_IN_GRAPH, "CUDA graphs")):
+            for name, used_by in ((COMPILED, "predict(cuda_graph=False)"), (COMPILED_IN_GRAPH, "CUDA graphs")):
                 found = c.attachment(name)
                 if found is not None:
                     copies.append({**c.key.describe(), "used_by": used_by, **found.info()})
@@ -293,164 +289,6 @@ class Model(Quantizable, PipelineGraphs, Predictor):
                 return self.family.named_outputs(copy.module(batch))
         self._require_graph_support()
         return self._graph_forward(batch, cuda_graph)
-
-    def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
-        """Graph replay without the family check (the parity harness uses it to verify a family)."""
-        runner = self._graph_runner(self._copies().get(batch.device, batch.dtype))
-        with torch.inference_mode():
-            return runner(batch, mode)
-
-    # --- the whole-pipeline graph: forward + decoding + candidates + NMS (libreyolo.engine.pipeline) ---
-    def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
-        runner = self._graph_runner(self._copies().get(batch.device, batch.dtype))
-        return runner, runner.fn
-
-    def _network(self, module: nn.Module):
-        family = self.family
-
-        def network(x: torch.Tensor) -> dict[str, torch.Tensor]:
-            return family.named_outputs(module(x))
-
-        return network
-
-    def _graph_runner(self, copy: InferenceCopy | None = None):
-        """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
-        model's device and precision). Graphs capture the copy's module and are released with it;
-        with :meth:`compile` on, another runner's graphs capture the copy's compiled network
-        (validated against the copy before its first capture of a shape)."""
-        copy = self.inference_copy() if copy is None else copy
-        if self._compile is False:
-            return copy.attached(_GRAPHS, self._new_graph_runner)
-        runner = copy.attachment(_GRAPHS_COMPILED)
-        if runner is not None:
-            return runner
-        compiled = self._compiled(copy, in_graph=True)
-        return copy.attached(_GRAPHS_COMPILED, lambda module: self._new_graph_runner(module, compiled))
-
-    def _new_graph_runner(self, module: nn.Module, network: Any = None):
-        from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
-
-        return GraphRunner(module, self._network(module) if network is None else network,
-                           backend=self.__dict__.get("_graph_backend"),
-                           max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
-
-    def _graph_runners(self) -> list:
-        """The graph runners of the live inference copies (none made here)."""
-        return [r for c in self._copies().live() for r in (c.attachment(n) for n in _RUNNERS) if r is not None]
-
-    def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
-        """Set graph options; returns the current ones. ``max_graphs``: graphs kept per inference copy
-        (device and precision; LRU, default 16)."""
-        from libreyolo.graphs import DEFAULT_MAX_GRAPHS
-        from libreyolo.graphs.runner import _check_max_graphs
-
-        if max_graphs is not None:
-            self._max_graphs = _check_max_graphs(max_graphs)
-            for runner in self._graph_runners():
-                runner.set_max_graphs(max_graphs)
-        return {"max_graphs": self._max_graphs or DEFAULT_MAX_GRAPHS}
-
-    def capture_graph(self, imgsz: int | None = None, batch: int = 1,
-                      dtype: torch.dtype | None = None, *, frame_size: Any = None, color_format: str = "bgr",
-                      **options: Any) -> dict[str, Any]:
-        """Capture what ``predict(cuda_graph=True)`` replays for ``(batch, 3, imgsz, imgsz)`` now, so
-        the first request does not pay: the whole pipeline for the task's shape-fixing options
-        (detect: ``max_det``, ``max_nms``) where the family supports it (:meth:`pipeline_unavailable`),
-        else the network forward.
-
-        ``frame_size=(h, w)``: capture instead the graph that starts from ``batch`` uploaded 8-bit
-        frames of that size (arrays in ``color_format``, files, video frames) and letterboxes them
-        inside (docs/graphs.md); predict() then uses it from the first such batch.
-
-        ``dtype``: None is the model's precision (see :meth:`half`); ``torch.float16`` captures for
-        ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
-        the graph's entry of :meth:`graph_info`.
-        """
-        from libreyolo.engine.options import PREDICT_OPTIONS as P
-        from libreyolo.graphs import GraphUnavailableError
-
-        self._require_graph_support()
-        imgsz = self.family.check_imgsz(self.imgsz if imgsz is None else imgsz)
-        batch = P["batch"].check("batch", batch)
-        if dtype is not None and dtype not in (torch.float32, torch.float16):
-            raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
-        dtype = self._default_dtype() if dtype is None else dtype
-        why_not = self._active_graph_backend().unavailable(self.device)
-        if why_not is not None:
-            raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
-        self._call_settings(None, dtype == torch.float16)
-        if options and self.pipeline_unavailable(self.device) is not None:
-            self.predict_options(**options)  # checked even where only the forward is captured
-        runner = self._graph_runner(self.inference_copy(self.device, dtype))
-        if frame_size is not None:
-            return self._capture_frames_graph(runner, imgsz, batch, dtype, frame_size, color_format, options)
-        pad = self.family.letterbox(imgsz).neutral_input  # a blank image, as preprocessed
-        x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=dtype, device=self.device)
-        if self.pipeline_unavailable(self.device) is None:
-            from libreyolo.ops.letterbox import LetterboxMeta
-
-            opts = self.predict_options(**options)
-            post = self.family.device_postprocess()
-            metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
-            params = post.params(metas, opts, nc=self.nc, device=self.device)
-            program = self._pipeline_program(runner.fn, post.static(opts))
-            with torch.inference_mode():
-                return runner.capture((x, params), program)
-        with torch.inference_mode():
-            return runner.capture(x)
-
-    def _capture_frames_graph(self, runner: Any, imgsz: int, batch: int, dtype: torch.dtype, frame_size: Any,
-                              color_format: str, options: dict[str, Any]) -> dict[str, Any]:
-        """capture_graph(frame_size=...): the letterbox+pipeline program for grey frames of that size."""
-        from libreyolo.data.sources import check_pixels
-        from libreyolo.engine.options import PREDICT_OPTIONS as P
-
-        bgr = P["color_format"].check("color_format", color_format) == "bgr"
-        sides = frame_size if isinstance(frame_size, (tuple, list)) and len(frame_size) == 2 else ()
-        if not sides or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sides):
-            raise ArgumentError(f"frame_size must be (height, width) in pixels, e.g. (480, 640), got {frame_size!r}")
-        check_pixels(sides[1], sides[0], "frame_size")
-        pre = self._preprocessor(imgsz)
-        why = self.pipeline_unavailable(self.device)
-        if why is not None or not callable(getattr(pre, "place_batch", None)):
-            raise ArgumentError(f"frame_size: this model letterboxes outside its graph "
-                                f"({why or 'its preprocessing cannot be captured'}); call capture_graph() without it")
-        opts = self.predict_options(**options)
-        post = self.family.device_postprocess()
-        h, w = frame_size
-        raw = torch.full((batch, h, w, 3), 114, dtype=torch.uint8, device=self.device)
-        params = post.params(pre.metas_for(h, w, batch), opts, nc=self.nc, device=self.device)
-        program = self._pipeline_program(runner.fn, post.static(opts), (pre, bgr, dtype))
-        from libreyolo.engine.pipeline import FRAMES_AFTER
-
-        self._frame_sighting(self._frame_key(raw, bgr, pre, dtype, post.static(opts)), at_least=FRAMES_AFTER)
-        with torch.inference_mode():
-            return runner.capture((raw, params), program)
-
-    def graph_info(self) -> dict[str, Any]:
-        """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md.
-
-        Graphs of every inference copy (device and precision) are listed; the counters include
-        graphs dropped with copies that were retired because the weights changed.
-        """
-        info = self._graph_info_head()
-        runners = self._graph_runners() or [self._graph_runner()]
-        infos = [r.info() for r in runners]
-        merged = dict(infos[0])
-        for key in ("graphs", "failures", "eager_fallbacks", "pending"):
-            merged[key] = [item for i in infos for item in i[key]]
-        totals = self._graph_totals
-        for key in ("captures", "evictions", "invalidations"):
-            merged[key] = totals[key] + sum(i[key] for i in infos)
-        last = [i["last_invalidation"] for i in infos if i["last_invalidation"]]
-        merged["last_invalidation"] = last[-1] if last else totals["last_invalidation"]
-        info.update(merged)
-        return info
-
-    def release_graphs(self) -> None:
-        """Free every captured graph and its memory; recorded capture failures are forgotten too."""
-        for runner in self._graph_runners():
-            runner.release()
 
     # --- weights -----------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> Model:
