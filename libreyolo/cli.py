@@ -120,8 +120,8 @@ def cmd_predict(args: dict[str, Any]) -> int:
         raise UsageError("predict needs model=<checkpoint|artifact>, e.g. model=LibreYOLO9t.pt")
     from tqdm import tqdm
 
-    from libreyolo.checkpoint import atomic_write
     from libreyolo.results import OutputNames, save_suffix
+    from libreyolo.utils.atomic import atomic_write
 
     save_dir = Path(args["save_dir"])
     if args["save"] or args["json"]:  # before any work: a bad folder fails fast
@@ -171,8 +171,8 @@ def cmd_benchmark(args: dict[str, Any]) -> int:
     import torch
 
     from libreyolo import LibreYOLO
-    from libreyolo.checkpoint import atomic_write
     from libreyolo.engine.benchmark_formats import benchmark_formats, format_table
+    from libreyolo.utils.atomic import atomic_write
 
     if not args["model"]:
         raise UsageError("benchmark needs model=<checkpoint|architecture>, e.g. model=LibreYOLO9t.pt")
@@ -267,7 +267,7 @@ def cmd_compare(args: dict[str, Any]) -> int:
     report = compare(args["model"], args["artifact"], device=args["device"], data=args["data"])
     print(report.text())
     if args["json"]:
-        from libreyolo.checkpoint import atomic_write
+        from libreyolo.utils.atomic import atomic_write
 
         text = json.dumps(report.to_dict(), indent=1, default=str)
         atomic_write(Path(args["json"]), lambda tmp: tmp.write_text(text))

@@ -22,6 +22,10 @@ class DatasetError(LibreYOLOError, ValueError):
     """A training or validation dataset is unusable (data YAML, folders, or no readable images)."""
 
 
+class ExportError(LibreYOLOError, RuntimeError):
+    """An export could not produce a valid artifact (toolchain failure or failed validation)."""
+
+
 class MissingDependencyError(LibreYOLOError, ImportError):
     """An optional package is needed; the message names the extra to install."""
 

@@ -9,7 +9,7 @@ option, the value and what is allowed. The option tables live where the options 
 and val, ``libreyolo.export.options`` for export); ``libreyolo.cli`` builds its parser and its
 ``--help`` from the same tables, so a value refused in one place is refused in all.
 
-Resource bounds (README, "Limits") are part of the schema; :data:`MAX_INPUT_PIXELS` bounds one
+Resource bounds (docs/predict.md, "Limits") are part of the schema; :data:`MAX_INPUT_PIXELS` bounds one
 forward's input tensor (``batch * imgsz**2`` pixels) to about 3 GiB of float32.
 """
 from __future__ import annotations

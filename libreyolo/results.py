@@ -292,7 +292,7 @@ class Results:
 
     def save(self, filename: str | Path | None = None) -> str:
         """Write the annotated image (format from the suffix) atomically; returns the path."""
-        from libreyolo.checkpoint import atomic_write
+        from libreyolo.utils.atomic import atomic_write
 
         if filename is None:
             stem = Path(self.path).stem if self.path else "result"

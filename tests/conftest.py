@@ -12,7 +12,7 @@ import torch
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent H200; see README 'GPU tests')")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent H200; see docs/development.md)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -17,6 +17,23 @@ def test_import_is_light_and_imports_no_optional_package():
     assert out.stdout.strip() == "[]"
 
 
+def test_cli_help_and_argument_errors_answer_before_importing_torch():
+    """``--help`` and a mistyped argument come before torch loads (issue 45: they took 9-19 s on a busy
+    machine because the option tables imported torch). Checked by the modules loaded, not by a clock:
+    every command's help and an unknown argument of every command, in one fresh interpreter."""
+    code = ("import sys, contextlib, io\nfrom libreyolo.cli import COMMANDS, main\n"
+            "codes = []\nwith contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "    codes.append(main(['--help']))\n"
+            "    for c in COMMANDS:\n        codes.append(main([c, '--help']))\n        codes.append(main([c, 'bogus=1']))\n"
+            "print(codes.count(0), codes.count(2), [m for m in ('torch', 'fastapi', 'onnx') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    n = 8  # commands
+    from libreyolo.cli import COMMANDS
+
+    assert len(COMMANDS) == n
+    assert out.stdout.strip().split(maxsplit=2) == [str(n + 1), str(n), "[]"], out.stdout + out.stderr
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     from .conftest import seeded_model

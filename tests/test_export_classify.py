@@ -4,7 +4,7 @@ Eager runs SDPA (``fused_attn`` defaults on); every export capture must decline 
 matmul-softmax-matmul. Each test records which predicate made each attention slot decline.
 Models are untrained (seeded); the ExecuTorch and CoreML cases keep 2 of the 12 identical
 blocks of vit-ti/deit-t so CI stays fast (the full 12-block ExecuTorch export validates too,
-in ~5 min on 2 shared cores: see the report in the README).
+in ~5 min on 2 shared cores: see docs/deploy.md).
 """
 from __future__ import annotations
 

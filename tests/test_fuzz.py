@@ -38,7 +38,7 @@ from libreyolo.errors import LibreYOLOError  # noqa: E402
 
 IMG = 64
 CI_EXAMPLES = 25
-MEMORY_BUDGET = 3 << 30  # bytes of peak RSS growth a fuzz test may cause (README, Limits)
+MEMORY_BUDGET = 3 << 30  # bytes of peak RSS growth a fuzz test may cause (docs/predict.md, Limits)
 EDGES = ["nan", "NaN", "-nan", "inf", "-inf", "1e309", "-1e309", "-1", "0", "-0", "1", "2", "0.5", "1.5", "", " ",
          "true", "false", "auto", "yes", "None", "null", "0x10", "1_000", "1e3", "9" * 40, "-" + "9" * 40,
          "١٢", "日本語", "é", "\u202e", "\x00", "a" * 5000, "=", "==", "--", "0,1,2", "-1,2", "[1]", "{}", "cuda:99",

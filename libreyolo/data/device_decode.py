@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.data.sources import (
+from libreyolo.data.images import (
     _EXIF_ORIENTATION,
     SourceImage,
     _as_tensor,

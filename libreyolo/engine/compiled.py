@@ -263,9 +263,8 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
     contract's. Returns ``passed``, the worst ``ratio`` to the allowance and a one-line summary.
     """
     from libreyolo.export import selection
-    from libreyolo.export.checks import compare_group, cosine
+    from libreyolo.export.checks import compare_group, cosine, eager_drifts
     from libreyolo.export.selection import align_row_sets, selection_edges
-    from libreyolo.export.validate import _drifts
     from libreyolo.utils.tolerance import FLOAT32_MULTIPLE, FP16_DRIFT_FACTOR, align_exclusive, allowance, groups_for
 
     contract = family.export
@@ -288,7 +287,7 @@ def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
             run = {"eager": eager32, "e64": e64, "e16": {k: v.float() for k, v in eager.items()},
                    "selection": (s32, s64, s_eager)}
     groups = groups_for(contract.groups, run["eager"])
-    d32, d16 = _drifts(groups, [run], contract.row_sets, {})
+    d32, d16 = eager_drifts(groups, [run], contract.row_sets, {})
     selection_edges([run], contract.row_sets)
     allowed = allowance(groups, e64, d32, d16, eager=run["eager_aligned"])
     precision = "fp32" if batch.dtype == torch.float32 else "fp16"

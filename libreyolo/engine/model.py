@@ -57,7 +57,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def from_checkpoint(cls, ckpt: Checkpoint, device: str | torch.device | None = None) -> Model:
         model = cls(ckpt.family, ckpt.size, nc=ckpt.nc, names=ckpt.names, imgsz=ckpt.imgsz,
                     state_dict=ckpt.state_dict, source=ckpt.path, device=device)
-        if ckpt.meta.get("quantization") is not None:  # a quantized save (README, Quantization)
+        if ckpt.meta.get("quantization") is not None:  # a quantized save (docs/quantization.md)
             model._restore_quantization(ckpt.meta["quantization"], ckpt.path or "checkpoint")
         return model
 
@@ -315,7 +315,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
 
     def save(self, path: str | Path) -> str:
         """Write a reference-format (schema 1.0) checkpoint atomically. A quantized model's float
-        weights go under the usual keys, its scales in a ``quantization`` entry (README, Quantization)."""
+        weights go under the usual keys, its scales in a ``quantization`` entry (docs/quantization.md)."""
         entry = self._quant_entry()
         return str(save_checkpoint(path, self.net, family=self.family, size=self.size, nc=self.nc,
                                    names=self.names, imgsz=self.imgsz,
@@ -324,7 +324,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def train(self, **kwargs: Any) -> dict[str, Any]:
         """Train on a dataset: ``model.train(data="data.yaml", epochs=100, imgsz=640, batch=16)``.
 
-        Options and defaults: :class:`libreyolo.train.args.TrainArgs` (README, Training). Writes
+        Options and defaults: :class:`libreyolo.train.args.TrainArgs` (docs/training.md). Writes
         ``runs/train/<name>/`` (weights/last.pt and best.pt, results.csv/json/png); the model ends
         holding the trained (EMA) weights. Returns a summary (paths, last metrics, best fitness).
         """
@@ -345,10 +345,10 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def _evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:
         """The master network in eval mode for :meth:`val`, on ``device`` (default as for training:
         the model's GPU, else cuda:0 when there is one, else the model's device)."""
-        from libreyolo.train.trainer import _default_device
+        from libreyolo.train.trainer import training_device
         from libreyolo.utils.checks import resolve_device
 
-        run = resolve_device(device) if device is not None else _default_device(self.device)
+        run = resolve_device(device) if device is not None else training_device(self.device)
         self.to(run)
         net, family = self.net, self.family
         was_training = net.training
@@ -360,7 +360,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
 
     def export(self, format: str = "onnx", **opts: Any):  # noqa: A002 - the name users know
         """Export to ``onnx``/``executorch``/``coreml``/``tensorrt``/``aoti``/``triton``, validated against this model.
-        ``int8=True, data=...`` (or a quantized model) writes an INT8 artifact (README, Quantization).
+        ``int8=True, data=...`` (or a quantized model) writes an INT8 artifact (docs/quantization.md).
 
         Returns an :class:`~libreyolo.export.ExportReport` (``str(report)`` is the artifact path).
         Options: see :func:`libreyolo.export.export` and docs/export.md.

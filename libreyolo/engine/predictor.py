@@ -27,22 +27,11 @@ from libreyolo.engine.stream import (
 from libreyolo.errors import ArgumentError, ImageError
 from libreyolo.models.base import Family
 from libreyolo.results import Results, make_results
-from libreyolo.utils.checks import MAX_IMGSZ, resolve_device
+from libreyolo.utils.checks import check_stride_imgsz as check_imgsz  # noqa: F401 - its old home
+from libreyolo.utils.checks import resolve_device
 from libreyolo.utils.log import LOGGER, want_info
 
 _POOL_LOCK = threading.Lock()
-
-
-def check_imgsz(value: Any, stride: int) -> int:
-    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
-        value = value[0]
-    if (isinstance(value, bool) or not isinstance(value, int) or value < stride or value % stride
-            or value > MAX_IMGSZ):
-        raise ArgumentError(
-            f"imgsz must be a positive multiple of the model stride {stride} up to {MAX_IMGSZ} (e.g. 320, 640), "
-            f"got {value!r}"
-        )
-    return value
 
 
 class Predictor:
@@ -185,7 +174,7 @@ class Predictor:
         ``decode``: ``"cpu"`` (Pillow, on the ``workers`` threads) or ``"cuda"``: JPEG files are only
         read on the host and decoded on the (CUDA) device by nvJPEG, a batch in one call
         (``torchvision``, extra ``gpu-decode``); other files, and JPEGs nvJPEG cannot take, are
-        decoded by Pillow. nvJPEG's pixels differ slightly from Pillow's (README). Its default
+        decoded by Pillow. nvJPEG's pixels differ slightly from Pillow's (docs/predict.md). Its default
         ``workers`` is 0 (one thread reads, decodes and runs each batch: the fastest measured).
         """
         given, opts, imgsz, step, run_device, half = self._checked_call(

@@ -1,4 +1,4 @@
-"""``quantize()`` / ``dequantize()`` / ``quant_info()`` of the eager model (README, Quantization).
+"""``quantize()`` / ``dequantize()`` / ``quant_info()`` of the eager model (docs/quantization.md).
 
 Quantization is simulated: the master network's Conv2d/Linear layers fake-quantize their inputs
 and weights (:mod:`libreyolo.quant.simulate`), so ``predict()`` shows INT8/FP8 numerics in

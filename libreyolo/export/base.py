@@ -7,17 +7,14 @@ attributes, so the driver checks options once for every format.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from libreyolo.errors import ArgumentError, LibreYOLOError
-
-
-class ExportError(LibreYOLOError, RuntimeError):
-    """An export could not produce a valid artifact (toolchain failure or failed validation)."""
+from libreyolo.errors import ArgumentError, ExportError, LibreYOLOError  # noqa: F401 - ExportError: its old home
 
 
 class ValidationFailed(ExportError):
@@ -94,9 +91,7 @@ class Exporter:
 
     def resolve_output(self, model: Any, output: Any, name: Any) -> Path:
         """Where the artifact goes (checked before anything is built); the default is one file or
-        package named by the format's suffix (:func:`libreyolo.export.driver.default_output`)."""
-        from libreyolo.export.driver import default_output
-
+        package named by the format's suffix (:func:`default_output`)."""
         return default_output(model, self, output, name)
 
     def work_parent(self, final: Path) -> Path:
@@ -138,6 +133,43 @@ class Exporter:
     def graph_ops(self, path: Path) -> set[str]:
         """Operator names in the artifact's program (portability checks)."""
         raise NotImplementedError
+
+
+def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Path:
+    """Where the artifact goes: ``output`` if given, else next to the checkpoint, else the CWD."""
+    if output is not None and name is not None:
+        raise ArgumentError("pass either output (a path) or name (a file name), not both")
+    stem = (Path(model.source).stem if getattr(model, "source", None)
+            else f"{model.family.name}{model.size}")
+    folder = Path(model.source).parent if getattr(model, "source", None) else Path(".")
+    if name is not None:
+        name = Path(str(name))
+        if name.name != str(name):
+            raise ArgumentError(f"name must be a file name without folders, got {str(name)!r}; use output= for a path")
+        path = folder / (name.name if name.suffix.lower() == exporter.suffix else name.name + exporter.suffix)
+    elif output is not None:
+        path = Path(output)
+        if path.is_dir() and path.suffix.lower() != exporter.suffix:
+            path = path / (stem + exporter.suffix)
+    else:
+        path = folder / (stem + exporter.suffix)
+    if path.suffix.lower() != exporter.suffix:
+        raise ArgumentError(f"output {str(path)!r} must end in {exporter.suffix} for format={exporter.name} "
+                            "(runtimes are chosen by the file suffix)")
+    # what is in the way is found now, not after the export has run
+    for target in (path, *exporter.companions(path)):
+        wants_folder = exporter.is_directory and target == path
+        if target.is_symlink() or (target.exists() and target.is_dir() != wants_folder):
+            kind = "a link" if target.is_symlink() else ("a folder" if target.is_dir() else "not a folder")
+            raise ArgumentError(f"cannot write {target}: it already exists and is {kind}; the {exporter.name} "
+                                f"artifact needs {'a folder' if wants_folder else 'a file'} there. Remove it or "
+                                "choose another output")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ArgumentError(f"cannot write {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ArgumentError(f"cannot write {path}: the folder {parent} is not writable")
+    return path
 
 
 _MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti",

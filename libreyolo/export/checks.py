@@ -12,7 +12,16 @@ from typing import Any
 
 import torch
 
-from libreyolo.utils.tolerance import QUANTILES, OutputGroup, quantile_allowance, quantile_ratio
+from libreyolo.export.selection import align_row_sets
+from libreyolo.utils.tolerance import (
+    ALIGN_RELATIVE,
+    QUANTILES,
+    OutputGroup,
+    as_float64,
+    drift,
+    quantile_allowance,
+    quantile_ratio,
+)
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -117,3 +126,28 @@ def distribution_checks(groups: list[OutputGroup], artifact: list[tuple[dict, di
                        "line": f"{ratio:.2f}x allowance (error quantiles {levels} from float64; worst at {q:g}: "
                                f"artifact {mine:.3g}, allowed {allowed_q:.3g} of the element's scale)"})
     return checks
+
+
+def eager_drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...],
+            decisions: dict[str, int], quant_floor: bool = False) -> tuple[dict, dict | None]:
+    """The eager model's float32 drift from float64 and (fp16 runs) its fp16 drift from float32, per
+    group, after pairing set-prediction rows that a near-tie reordered between the two runs."""
+    def paired(a: dict, ref: dict) -> dict:
+        if not row_sets:
+            return a
+        allowed = {}
+        for g in groups:
+            if g.output in ref:
+                t = allowed.setdefault(g.output, torch.full(ref[g.output].shape, math.inf, dtype=torch.float64))
+                g.view(t).copy_(ALIGN_RELATIVE * g.scale(ref[g.output].double().cpu()))
+        return align_row_sets(ref, a, row_sets, allowed=allowed)[0]
+
+    for run in runs:
+        run["eager_aligned"] = paired(run["eager"], run["e64"])
+    d32 = drift(groups, [(r["eager_aligned"], r["e64"]) for r in runs], decisions)
+    d16 = None
+    if all(r["e16"] is not None for r in runs):
+        for run in runs:
+            run["e16_aligned"] = paired(run["e16"], as_float64(run["eager"]))
+        d16 = drift(groups, [(r["e16_aligned"], as_float64(r["eager"])) for r in runs], keep_decisions=quant_floor)
+    return d32, d16

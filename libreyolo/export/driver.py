@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 from libreyolo.errors import ArgumentError
-from libreyolo.export.base import Exporter, ExportError, ExportOptions, ValidationFailed, get_exporter
+from libreyolo.export.base import (
+    Exporter,
+    ExportError,
+    ExportOptions,
+    ValidationFailed,
+    default_output,  # noqa: F401 - exporters of other formats import it from here
+    get_exporter,
+)
 from libreyolo.export.metadata import (
     METADATA_VERSION,
     sha256_file,
@@ -114,43 +121,6 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
                          max_drop=0.02 if max_drop is None else float(max_drop), format_options=format_options)
     exporter.check(opts)
     return opts
-
-
-def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Path:
-    """Where the artifact goes: ``output`` if given, else next to the checkpoint, else the CWD."""
-    if output is not None and name is not None:
-        raise ArgumentError("pass either output (a path) or name (a file name), not both")
-    stem = (Path(model.source).stem if getattr(model, "source", None)
-            else f"{model.family.name}{model.size}")
-    folder = Path(model.source).parent if getattr(model, "source", None) else Path(".")
-    if name is not None:
-        name = Path(str(name))
-        if name.name != str(name):
-            raise ArgumentError(f"name must be a file name without folders, got {str(name)!r}; use output= for a path")
-        path = folder / (name.name if name.suffix.lower() == exporter.suffix else name.name + exporter.suffix)
-    elif output is not None:
-        path = Path(output)
-        if path.is_dir() and path.suffix.lower() != exporter.suffix:
-            path = path / (stem + exporter.suffix)
-    else:
-        path = folder / (stem + exporter.suffix)
-    if path.suffix.lower() != exporter.suffix:
-        raise ArgumentError(f"output {str(path)!r} must end in {exporter.suffix} for format={exporter.name} "
-                            "(runtimes are chosen by the file suffix)")
-    # what is in the way is found now, not after the export has run
-    for target in (path, *exporter.companions(path)):
-        wants_folder = exporter.is_directory and target == path
-        if target.is_symlink() or (target.exists() and target.is_dir() != wants_folder):
-            kind = "a link" if target.is_symlink() else ("a folder" if target.is_dir() else "not a folder")
-            raise ArgumentError(f"cannot write {target}: it already exists and is {kind}; the {exporter.name} "
-                                f"artifact needs {'a folder' if wants_folder else 'a file'} there. Remove it or "
-                                "choose another output")
-    parent = path.parent
-    if not parent.is_dir():
-        raise ArgumentError(f"cannot write {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ArgumentError(f"cannot write {path}: the folder {parent} is not writable")
-    return path
 
 
 def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: ExportModule) -> dict[str, Any]:

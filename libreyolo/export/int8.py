@@ -1,6 +1,6 @@
 """INT8 artifacts: the quantized eager model they are compared with, and the accuracy gate.
 
-``export(format, int8=True, data=...)`` (README, Quantization):
+``export(format, int8=True, data=...)`` (docs/quantization.md):
 
 1. The *quantized eager model* is a private copy of the model: the model's own quantization when
    it was quantized (``model.quantize(...)``), else calibrated now on ``data`` with quantize()'s
@@ -60,11 +60,10 @@ class Int8Plan:
 
 
 def _sibling(model: Any) -> Any:
-    """A float copy of the eager model (same family, weights and settings; nothing shared)."""
-    from libreyolo.engine.model import Model
-
+    """A float copy of the eager model (same family, weights and settings; nothing shared), of the
+    model's own class (export sits below the Model facade and never imports it)."""
     state = {k: v.detach().clone() for k, v in model.net.state_dict().items()}
-    twin = Model(model.family, model.size, nc=model.nc, names=model.names, imgsz=model.imgsz, state_dict=state,
+    twin = type(model)(model.family, model.size, nc=model.nc, names=model.names, imgsz=model.imgsz, state_dict=state,
                  source=getattr(model, "source", None), device=model.device)
     return twin
 

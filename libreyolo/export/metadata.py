@@ -245,7 +245,7 @@ def write_sidecar(artifact: str | Path, meta: dict[str, Any]) -> Path:
     encoded = stamp(meta, sha256_file(artifact))
     stored = json_normalised(meta) | {k: encoded[k] for k in UNHASHED[1:]}
     payload = {"artifact": Path(artifact).name, "sha256": encoded["content_sha256"], "metadata": stored}
-    from libreyolo.checkpoint import atomic_write
+    from libreyolo.utils.atomic import atomic_write
 
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=1, sort_keys=True)))
     return path

@@ -22,7 +22,14 @@ import torch
 
 from libreyolo.export import selection
 from libreyolo.export.base import Exporter, ExportOptions
-from libreyolo.export.checks import compare_group, compare_quantized, cosine, distribution_bars, distribution_checks
+from libreyolo.export.checks import (
+    compare_group,
+    compare_quantized,
+    cosine,
+    distribution_bars,
+    distribution_checks,
+    eager_drifts,
+)
 from libreyolo.export.matching import match_classes, match_detections  # noqa: F401 - contracts name them here
 from libreyolo.export.module import ExportModule
 from libreyolo.export.report import ValidationReport
@@ -32,7 +39,6 @@ from libreyolo.results import decoded_predictions
 from libreyolo.tasks import get_task
 from libreyolo.tasks.base import resolve
 from libreyolo.utils.tolerance import (
-    ALIGN_RELATIVE,
     DECISION_FACTOR,
     ELEMENT_MULTIPLE,
     FLOAT32_MULTIPLE,
@@ -42,7 +48,6 @@ from libreyolo.utils.tolerance import (
     align_exclusive,
     allowance,
     as_float64,
-    drift,
     float64_copy,
     groups_for,
     score_tolerance,
@@ -82,34 +87,6 @@ def _half_copy(net: Any) -> Any | None:
         return copy.deepcopy(net).half().eval()
     except Exception:  # pragma: no cover - a module that cannot be copied or cast
         return None
-
-
-def detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, wanted: int = 100) -> float:
-    """``conf``, lowered when fewer than ``wanted`` (box, class) pairs of the sample pass it, so
-    that the decoded-detection comparison always has detections to compare."""
-    family = model.family
-    with torch.inference_mode():
-        out = family.named_outputs(model.net(sample.to(model.device, next(model.net.parameters()).dtype)))
-    if not all(bool(torch.isfinite(t).all()) for t in out.values() if t.is_floating_point()):
-        from libreyolo.export.base import ExportError
-
-        raise ExportError("the eager model itself outputs NaN or Inf on the sample image (overflowing or broken "
-                          "weights), so there is nothing valid to export or compare; nothing was written")
-    name = family.export.nms_input
-    if name is None:
-        # no candidate tensor to rank (a set predictor, e.g. DETR): step conf down until the
-        # family's own postprocessing keeps enough detections
-        for c in (conf, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001):
-            if c > conf:
-                continue
-            kept = family.postprocess(out, metas, conf=c, iou=0.45, max_det=300)
-            if sum(int(k["conf"].numel()) for k in kept) >= min(wanted, 20):
-                return c
-        return c
-    scores = out[name][:, 4:].float().flatten()
-    if int((scores > conf).sum()) >= wanted or scores.numel() <= wanted:
-        return conf
-    return float(scores.topk(wanted).values[-1]) * 0.999
 
 
 def _batches(probes: dict[str, torch.Tensor], size: int,
@@ -185,31 +162,6 @@ def _cpu(outputs: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | N
     return None if outputs is None else {k: v.detach().cpu() for k, v in outputs.items()}
 
 
-def _drifts(groups: list, runs: list[dict], row_sets: tuple[str, ...],
-            decisions: dict[str, int], quant_floor: bool = False) -> tuple[dict, dict | None]:
-    """The eager model's float32 drift from float64 and (fp16 runs) its fp16 drift from float32, per
-    group, after pairing set-prediction rows that a near-tie reordered between the two runs."""
-    def paired(a: dict, ref: dict) -> dict:
-        if not row_sets:
-            return a
-        allowed = {}
-        for g in groups:
-            if g.output in ref:
-                t = allowed.setdefault(g.output, torch.full(ref[g.output].shape, math.inf, dtype=torch.float64))
-                g.view(t).copy_(ALIGN_RELATIVE * g.scale(ref[g.output].double().cpu()))
-        return align_row_sets(ref, a, row_sets, allowed=allowed)[0]
-
-    for run in runs:
-        run["eager_aligned"] = paired(run["eager"], run["e64"])
-    d32 = drift(groups, [(r["eager_aligned"], r["e64"]) for r in runs], decisions)
-    d16 = None
-    if all(r["e16"] is not None for r in runs):
-        for run in runs:
-            run["e16_aligned"] = paired(run["e16"], as_float64(run["eager"]))
-        d16 = drift(groups, [(r["e16_aligned"], as_float64(r["eager"])) for r in runs], keep_decisions=quant_floor)
-    return d32, d16
-
-
 def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, runtime: Any = None) -> ValidationReport:
     start = time.perf_counter()
     family = model.family
@@ -274,7 +226,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         runs = _runs(_OnCpu(model), runtime, reference, batches, net64, half_net)
     groups = groups_for(contract.groups, runs[0]["eager"])
     decisions: dict[str, int] = {}
-    d32, d16 = _drifts(groups, runs, contract.row_sets, decisions, quant_floor)
+    d32, d16 = eager_drifts(groups, runs, contract.row_sets, decisions, quant_floor)
     selection_edges(runs, contract.row_sets)
     if decisions:
         report.notes.append("eager float32 decides some elements otherwise than float64 (a tie broken the other way: "

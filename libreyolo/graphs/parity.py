@@ -155,7 +155,7 @@ def probes(family, imgsz: int, *, batch: int = 1, device: torch.device, dtype: t
 
 
 def _sample_batch(family, imgsz: int, batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    from libreyolo import SAMPLE_IMAGE
+    from libreyolo.assets import SAMPLE_IMAGE
     from libreyolo.data.sources import load_sources
 
     pre = family.letterbox(imgsz)
@@ -347,7 +347,7 @@ def environment() -> dict[str, Any]:
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-    from libreyolo import __version__
+    from libreyolo._version import __version__
 
     env["libreyolo"] = __version__
     return env

@@ -11,7 +11,13 @@ import os
 
 import torch
 
-__all__ = ["capturing_for_export", "compiling", "env_disabled", "eager_only_ok", "export_capture_reasons"]
+__all__ = ["KernelWarning", "capturing_for_export", "compiling", "env_disabled", "eager_only_ok",
+           "export_capture_reasons"]
+
+
+class KernelWarning(RuntimeWarning):
+    """Warned (once per cause) when a provider is skipped or disabled."""
+
 
 _FALSE_WORDS = frozenset({"0", "false", "off", "no"})
 

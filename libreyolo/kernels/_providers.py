@@ -14,6 +14,8 @@ import sys
 import threading
 import warnings
 
+from libreyolo.kernels._context import KernelWarning
+
 __all__ = ["load_once", "package_present", "triton_usable"]
 
 _IN_TREE_LOADERS = (
@@ -44,8 +46,6 @@ def triton_usable() -> bool:
 
 
 def _warn(message: str) -> None:
-    from libreyolo.kernels._registry import KernelWarning
-
     warnings.warn(message, KernelWarning, stacklevel=4)
 
 

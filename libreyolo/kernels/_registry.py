@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from libreyolo.kernels._context import compiling
+from libreyolo.kernels._context import KernelWarning, compiling
 
 __all__ = [
     "REFERENCE",
@@ -56,10 +56,6 @@ _BUILTIN_SLOTS: dict[str, str | None] = {
     "fake_quant_int8_affine": "libreyolo.quant.fake_quant:fake_quant_int8_affine",
     "ms_deform_attn": None,
 }
-
-
-class KernelWarning(RuntimeWarning):
-    """Warned (once per cause) when a provider is skipped or disabled."""
 
 
 Predicate = Callable[..., bool]

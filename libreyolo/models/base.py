@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
+from libreyolo.utils.checks import check_stride_imgsz
 from libreyolo.utils.tolerance import OutputGroup
 
 
@@ -120,6 +121,8 @@ class Family:
     # the one input size the network takes (e.g. a fixed position embedding), or None for any
     # multiple of ``stride``
     fixed_imgsz: ClassVar[int | None] = None
+    # predict runs at each image's own size (padded to ``stride``), not resized to imgsz (restoration)
+    native_resolution: ClassVar[bool] = False
     # state-dict key whose first dimension is the number of classes: a checkpoint's 'nc' is
     # checked against it before the network is built (None: no such check for this family)
     nc_key: ClassVar[str | None] = None
@@ -197,9 +200,7 @@ class Family:
     def check_imgsz(self, value: Any) -> int:
         """The input size to run at, or an ArgumentError saying what is allowed (default: a
         multiple of ``stride``). Families with a fixed input size override this."""
-        from libreyolo.engine.predictor import check_imgsz
-
-        return check_imgsz(value, self.stride)
+        return check_stride_imgsz(value, self.stride)
 
     def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
                     **kw: Any) -> list[dict]:

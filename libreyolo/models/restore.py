@@ -51,6 +51,7 @@ class RestoreFamily(Family):
     stride = 8           # the side multiple the network needs (its attention window)
     default_imgsz = 64   # the export input side when none is given (the reference's build size)
     nc_key = None
+    native_resolution = True  # PadToMultiple: the image keeps its size
 
     def letterbox(self, imgsz: int) -> PadToMultiple:
         return PadToMultiple(self.stride, size=imgsz)

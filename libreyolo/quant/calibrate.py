@@ -30,7 +30,6 @@ from torch import nn
 
 from libreyolo.errors import ArgumentError, DatasetError
 
-METHODS = ("minmax", "percentile", "entropy")
 HIST_BINS = 2048
 QUANT_LEVELS = 128  # 2 ** (8 - 1): the positive half of int8, as TensorRT's entropy calibrator
 PERCENTILE = 99.99

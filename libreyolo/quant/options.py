@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from libreyolo.options import Opt
-from libreyolo.quant.calibrate import METHODS
-from libreyolo.quant.simulate import RECIPES
+
+# declared here (torch-free, so the CLI reads them without torch); calibrate and simulate use them
+RECIPES = ("int8", "fp8")
+METHODS = ("minmax", "percentile", "entropy")
 
 MAX_SAMPLES = 100_000
 

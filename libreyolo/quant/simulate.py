@@ -27,8 +27,8 @@ from torch import nn
 from libreyolo import kernels
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.quant.fake_quant import FP8_E4M3_MAX, INT8_AFFINE_RANGE, INT8_SYMMETRIC_MAX
+from libreyolo.quant.options import RECIPES
 
-RECIPES = ("int8", "fp8")
 SCHEMA = 1
 _TINY = 1e-12  # a scale for an all-zero channel or tensor (any positive value codes zero exactly)
 
@@ -157,7 +157,7 @@ def simulated_layers(net: nn.Module) -> dict[str, nn.Module]:
 
 # --- the checkpoint entry --------------------------------------------------------------------------
 def to_entry(net: nn.Module, info: dict[str, Any]) -> dict[str, Any]:
-    """The versioned ``quantization`` entry of a checkpoint (README, Quantization)."""
+    """The versioned ``quantization`` entry of a checkpoint (docs/quantization.md)."""
     layers = {n: {"weight_scale": m.quant_weight_scale.detach().to("cpu", torch.float32, copy=True),
                   "input_scale": float(m.quant_input_scale),
                   "input_zero_point": int(m.quant_input_zero_point)}

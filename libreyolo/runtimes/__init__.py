@@ -2,15 +2,6 @@
 and Triton-served models: ``LibreYOLO("grpc://host:8001/<name>")`` (:mod:`libreyolo.runtimes.triton`).
 
 Each module exposes ``load(path, device=None, **kw)`` returning a
-:class:`~libreyolo.runtimes.base.ArtifactPredictor` with the eager model's ``predict()``.
+:class:`~libreyolo.runtimes.base.ArtifactPredictor` with the eager model's ``predict()``;
+:func:`libreyolo.api.LibreYOLO` picks the module from the artifact's suffix.
 """
-from __future__ import annotations
-
-__all__ = ["load"]
-
-
-def load(path, device=None, **kw):
-    """Open an artifact with the runtime its suffix names."""
-    from libreyolo.api import LibreYOLO
-
-    return LibreYOLO(path, device=device, **kw)

@@ -27,12 +27,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from libreyolo.errors import ArgumentError, LibreYOLOError
 from libreyolo.options import Opt
+from libreyolo.tasks.registry import all_task_options
+
+if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
+    import torch
 
 
 class TaskOptions(Mapping):
@@ -110,8 +112,6 @@ class Task:
         """The checked options of one predict call: every option of this task (its default where
         not given). Options another task declares are accepted (checked, then ignored), so one
         command line serves every model; anything else is an error naming what is valid."""
-        from libreyolo.tasks import all_task_options
-
         known = all_task_options()
         unknown = sorted(k for k in given if k not in known)
         if unknown:

@@ -7,12 +7,13 @@ returns ``{"probs": (nc,)}`` per image; decoded outputs are compared as top-5 cl
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from libreyolo.tasks import register_task
 from libreyolo.tasks.base import Task, TaskOptions
+
+if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
+    import torch
 
 
 @register_task
@@ -70,6 +71,7 @@ class Classify(Task):
         metrics.update(named["logits"].float().cpu(), batch[1])
 
     def synthetic_batch(self, model: Any, batch: int, imgsz: int, generator: torch.Generator) -> torch.Tensor:
+        import torch
         return torch.randint(0, model.nc, (batch,), generator=generator)
 
     def synthetic_dataset(self, root: str | Path, **kw: Any) -> Path:

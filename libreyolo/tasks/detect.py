@@ -8,13 +8,15 @@ pixels; decoded outputs are compared as matched detection sets
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from libreyolo.errors import ExportError
 from libreyolo.options import MAX_DET, MAX_NMS, Opt, as_ids, fraction
 from libreyolo.tasks import register_task
 from libreyolo.tasks.base import Task, TaskOptions
+
+if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
+    import torch
 
 DETECT_OPTIONS: dict[str, Opt] = {
     "conf": fraction(0.25, "confidence threshold"),
@@ -44,8 +46,6 @@ class Detect(Task):
         return {"xyxy": payload.xyxy, "conf": payload.conf, "cls": payload.cls}
 
     def validation_options(self, model: Any, sample: torch.Tensor, metas: list, opts: Any) -> TaskOptions:
-        from libreyolo.export.validate import detection_conf
-
         conf = detection_conf(model, sample, metas, opts.conf)
         return self.predict_options({"conf": conf, "iou": opts.iou, "max_det": opts.max_det})
 
@@ -103,6 +103,7 @@ class Detect(Task):
         return 0.9 * metrics["mAP50-95"] + 0.1 * metrics["mAP50"]
 
     def synthetic_batch(self, model: Any, batch: int, imgsz: int, generator: torch.Generator) -> torch.Tensor:
+        import torch
         rows = []
         for j in range(batch):
             k = int(torch.randint(1, 4, (1,), generator=generator))
@@ -116,3 +117,31 @@ class Detect(Task):
         from libreyolo.train.shapes import make_shapes_dataset
 
         return make_shapes_dataset(root, task="detect", **kw)
+
+
+def detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, wanted: int = 100) -> float:
+    """``conf``, lowered when fewer than ``wanted`` (box, class) pairs of the sample pass it, so
+    that the decoded-detection comparison always has detections to compare."""
+    import torch
+
+    family = model.family
+    with torch.inference_mode():
+        out = family.named_outputs(model.net(sample.to(model.device, next(model.net.parameters()).dtype)))
+    if not all(bool(torch.isfinite(t).all()) for t in out.values() if t.is_floating_point()):
+        raise ExportError("the eager model itself outputs NaN or Inf on the sample image (overflowing or broken "
+                          "weights), so there is nothing valid to export or compare; nothing was written")
+    name = family.export.nms_input
+    if name is None:
+        # no candidate tensor to rank (a set predictor, e.g. DETR): step conf down until the
+        # family's own postprocessing keeps enough detections
+        for c in (conf, 0.1, 0.05, 0.02, 0.01, 0.005, 0.001):
+            if c > conf:
+                continue
+            kept = family.postprocess(out, metas, conf=c, iou=0.45, max_det=300)
+            if sum(int(k["conf"].numel()) for k in kept) >= min(wanted, 20):
+                return c
+        return c
+    scores = out[name][:, 4:].float().flatten()
+    if int((scores > conf).sum()) >= wanted or scores.numel() <= wanted:
+        return conf
+    return float(scores.topk(wanted).values[-1]) * 0.999

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from libreyolo.errors import ArgumentError
 from libreyolo.options import Opt, _converter, _show
 from libreyolo.tasks import register_task
 from libreyolo.tasks.base import Task, TaskOptions
 from libreyolo.utils.checks import MAX_IMGSZ
+
+if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
+    import torch
 
 TILE_MULTIPLE = 8  # tile sides are multiples of the attention window of the restore families (SwinIR: 8)
 
@@ -60,6 +62,7 @@ class Restored:
     """
 
     def __init__(self, data: torch.Tensor, orig_shape: tuple[int, int]):
+        import torch
         if data.ndim != 3 or data.shape[-1] != 3 or data.dtype != torch.uint8:
             raise ValueError(f"Restored expects one (H, W, 3) uint8 image, got {tuple(data.shape)} {data.dtype}")
         self.data = data
@@ -115,7 +118,7 @@ class Restored:
     def save_extra(self, filename: str | Path) -> str:
         """Write the restored image itself beside the side-by-side picture (``<stem>_restored.png``,
         lossless); returns its path."""
-        from libreyolo.checkpoint import atomic_write
+        from libreyolo.utils.atomic import atomic_write
 
         path = Path(filename).with_name(Path(filename).stem + "_restored.png")
         img = self.image()

@@ -10,14 +10,16 @@ class-index masks (255 = ignore), see :mod:`libreyolo.train.semantic_data`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from libreyolo.options import Opt, as_ids
 from libreyolo.tasks import register_task
 from libreyolo.tasks.base import Task, TaskOptions
+
+if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
+    import torch
 
 IGNORE = 255  # the class id of pixels that belong to no class (masks), never predicted
 
@@ -45,6 +47,7 @@ class SemanticMask:
         return tuple(self.data.shape)
 
     def areas(self) -> dict[int, int]:
+        import torch
         ids, counts = torch.unique(self.data.cpu(), return_counts=True)
         return {int(i): int(c) for i, c in zip(ids.tolist(), counts.tolist(), strict=True) if int(i) != IGNORE}
 
@@ -110,7 +113,7 @@ class SemanticMask:
         fit a palette PNG and are written as 16-bit greyscale."""
         from PIL import Image
 
-        from libreyolo.checkpoint import atomic_write
+        from libreyolo.utils.atomic import atomic_write
 
         path = Path(filename).with_name(Path(filename).stem + "_mask.png")
         ids = self.numpy()
@@ -166,6 +169,8 @@ class Semantic(Task):
 
     def score_batch(self, model: Any, metrics: Any, named: dict[str, torch.Tensor], batch: Any,
                     opts: TaskOptions) -> None:
+        import torch
+
         from libreyolo.ops.letterbox import LetterboxMeta
 
         infos = batch[2]
@@ -174,6 +179,7 @@ class Semantic(Task):
         metrics.update([p["mask"].cpu() for p in preds], [torch.as_tensor(info["mask_orig"]) for info in infos])
 
     def synthetic_batch(self, model: Any, batch: int, imgsz: int, generator: torch.Generator) -> torch.Tensor:
+        import torch
         masks = torch.randint(0, model.nc, (batch, imgsz, imgsz), generator=generator)
         masks[:, :, :2] = IGNORE
         return masks

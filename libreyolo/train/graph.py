@@ -212,7 +212,6 @@ def run_steps(model: Any, batches: list[tuple[torch.Tensor, torch.Tensor]], *, g
     parameters and the graph counters (``tests/test_train_graph_gpu.py``, ``bench/train_bench.py``).
     """
     from libreyolo.train.loss import loss_for
-    from libreyolo.train.trainer import TrainForward
 
     family, net = model.family, model.net
     net.train()
@@ -253,3 +252,16 @@ def synthetic_batches(model: Any, n: int, batch: int, imgsz: int, seed: int = 0,
         targets = task.synthetic_batch(model, batch, imgsz, g)
         out.append((images.to(device), targets.to(device)))
     return out
+
+
+class TrainForward(nn.Module):
+    """``(images, targets) -> what the loss reads``: the family's ``train_encode`` (replayed from a
+    CUDA graph when ``encode`` is given) then its eager ``train_decode``. This is what DDP wraps."""
+
+    def __init__(self, family: Any, net: nn.Module, encode: Any = None) -> None:
+        super().__init__()
+        self.family, self.net, self.encode = family, net, encode
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor) -> Any:
+        features = self.encode(images) if self.encode is not None else self.family.train_encode(self.net, images)
+        return self.family.train_decode(self.net, features, targets)

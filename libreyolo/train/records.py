@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from libreyolo.checkpoint import atomic_write
+from libreyolo.utils.atomic import atomic_write
 
 LOGGER = logging.getLogger("libreyolo")
 

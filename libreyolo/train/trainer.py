@@ -37,7 +37,7 @@ from torch import nn
 from libreyolo.errors import ArgumentError, LibreYOLOError, TrainingDiverged
 from libreyolo.train.args import TrainArgs
 from libreyolo.train.evaluate import validate
-from libreyolo.train.graph import GraphStepError
+from libreyolo.train.graph import GraphStepError, TrainForward
 from libreyolo.utils.log import LOGGER
 
 MAX_AMP_SKIPS = 3  # consecutive non-finite losses tolerated under AMP (fp16 overflow) before the run stops
@@ -60,7 +60,7 @@ class Trainer:
         self.args = args
         self.task = get_task(model.task)  # datasets, targets, metrics and fitness are the task's
         self.rank, self.local_rank, self.world = _dist_env()
-        device = resolve_device(args.device) if args.device is not None else _default_device(model.device)
+        device = resolve_device(args.device) if args.device is not None else training_device(model.device)
         if self.world > 1 and device.type == "cuda":
             device = torch.device("cuda", self.local_rank)
         self.device = device
@@ -83,11 +83,9 @@ class Trainer:
         every other layer are kept), the dataset's names either way."""
         model = self.model
         if cfg.nc != model.nc:
-            from libreyolo.engine.model import Model
-
             LOGGER.info("the dataset has %d classes, the model %d: building a new %d-class head (the other "
                         "layers keep their weights)", cfg.nc, model.nc, cfg.nc)
-            fresh = Model(model.family, model.size, nc=cfg.nc, names=cfg.names, imgsz=model.imgsz)
+            fresh = type(model)(model.family, model.size, nc=cfg.nc, names=cfg.names, imgsz=model.imgsz)
             own = fresh.net.state_dict()
             kept = {k: v for k, v in model.net.state_dict().items() if k in own and own[k].shape == v.shape}
             own.update(kept)
@@ -399,12 +397,15 @@ class Trainer:
         return state
 
 
-def _default_device(model_device: torch.device) -> torch.device:
+def training_device(model_device: torch.device) -> torch.device:
     """``device=None``: the model's device if it is a GPU, else the first CUDA GPU when there is one
     (as Ultralytics does: a model loaded on the CPU still trains on the GPU), else the model's."""
     if model_device.type == "cpu" and torch.cuda.is_available():
         return torch.device("cuda", 0)
     return model_device
+
+
+_default_device = training_device  # the name the tests use
 
 
 def _timed(loader, wait: list[float]):
@@ -418,19 +419,6 @@ def _timed(loader, wait: list[float]):
             return
         wait[0] += time.perf_counter() - t
         yield batch
-
-
-class TrainForward(nn.Module):
-    """``(images, targets) -> what the loss reads``: the family's ``train_encode`` (replayed from a
-    CUDA graph when ``encode`` is given) then its eager ``train_decode``. This is what DDP wraps."""
-
-    def __init__(self, family: Any, net: nn.Module, encode: Any = None) -> None:
-        super().__init__()
-        self.family, self.net, self.encode = family, net, encode
-
-    def forward(self, images: torch.Tensor, targets: torch.Tensor) -> Any:
-        features = self.encode(images) if self.encode is not None else self.family.train_encode(self.net, images)
-        return self.family.train_decode(self.net, features, targets)
 
 
 def _check_train_imgsz(family: Any, imgsz: Any) -> None:

@@ -140,6 +140,20 @@ def check_imgsz(value: Any, stride: int, where: str, error: type[LibreYOLOError]
     return int(value)
 
 
+def check_stride_imgsz(value: Any, stride: int) -> int:
+    """The input size a predict call or a family runs at: a multiple of ``stride`` up to
+    :data:`MAX_IMGSZ` (``[n, n]`` is ``n``); an ArgumentError saying what is allowed."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+        value = value[0]
+    if (isinstance(value, bool) or not isinstance(value, int) or value < stride or value % stride
+            or value > MAX_IMGSZ):
+        raise ArgumentError(
+            f"imgsz must be a positive multiple of the model stride {stride} up to {MAX_IMGSZ} (e.g. 320, 640), "
+            f"got {value!r}"
+        )
+    return value
+
+
 def check_batch(value: Any, where: str, error: type[LibreYOLOError], name: str = "batch") -> int:
     if not _is_int(value) or not 1 <= int(value) <= MAX_BATCH:
         raise error(f"{_at(where)}{name} must be a positive integer up to {MAX_BATCH}, got {value!r}")
