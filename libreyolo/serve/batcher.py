@@ -46,16 +46,25 @@ from typing import Any
 import numpy as np
 
 from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
-from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
+from libreyolo.serve.budget import Admission, RequestTooLarge, image_pixels
+from libreyolo.serve.options import BATCHER_OPTIONS, MAX_WORK, NOT_PER_REQUEST
 from libreyolo.serve.requests import Launched, Request, default_batch_sizes, hashable
+from libreyolo.utils.log import LOGGER as log
 
 _KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
 _TIMED = 15     # recent batch times kept per padded size (their median is the size's cost)
 _POLL_S = 3e-4  # overlap: how often a worker waiting for requests looks whether its batch on the device is done
+_RETIME = 32    # a padded size not timed for this many batches is run once more when it can be filled (re-timed)
 
 
 class BatcherClosed(LibreYOLOError, RuntimeError):
     """A request came after :meth:`Batcher.close`."""
+
+
+class BatchAborted(LibreYOLOError, RuntimeError):
+    """A batch raised a BaseException that is not an Exception; its requests fail with this, the worker goes on."""
+
+    status = 500
 
 
 class Batcher:
@@ -73,7 +82,9 @@ class Batcher:
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_wait_ms: float = 2.0,
                  batch_sizes: Sequence[int] | None = None, in_flight: int = 1, overlap: bool | None = None,
-                 **predict_kw: Any) -> None:
+                 max_queued: int = BATCHER_OPTIONS["max_queued"].default,
+                 max_pixels: int = BATCHER_OPTIONS["max_pixels"].default, max_imgsz: int | None = None,
+                 max_work: int | None = None, **predict_kw: Any) -> None:
         self.model = model
         self.max_batch = BATCHER_OPTIONS["max_batch"].check("max_batch", max_batch)
         self.max_wait_ms = BATCHER_OPTIONS["max_wait_ms"].check("max_wait_ms", max_wait_ms)
@@ -96,11 +107,25 @@ class Batcher:
             raise ArgumentError(f"overlap=True starts batches with model.enqueue(), which this "
                                 f"{type(model).__name__} does not have; pass overlap=False")
         self._cuda_device = run_on if on_cuda else None  # where an overlapping worker records its events
+        if PREDICT_OPTIONS["cuda_graph"].check("cuda_graph", predict_kw.get("cuda_graph", False)) is True and \
+                run_on is not None and not on_cuda:
+            raise ArgumentError(f"cuda_graph=True needs the model on a CUDA device, and this Batcher runs it on "
+                                f"{run_on}; pass device='cuda' (or a model on CUDA), cuda_graph='auto' or leave it out")
         self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
                                                                    predict_kw.pop("color_format", "bgr"))
         self.predict_kw = dict(predict_kw)
         self._defaults: tuple | None = None  # _request_options({}), checked on first use
-        self._prepare_options(predict_kw)  # every default checked now, before any request
+        self.max_imgsz: int | None = None
+        served = self._prepare_options(predict_kw)[1]["imgsz"]  # every default checked now, before any request
+        max_imgsz = BATCHER_OPTIONS["max_imgsz"].check("max_imgsz", max_imgsz)
+        if max_imgsz is not None and max_imgsz < served:
+            raise ArgumentError(f"max_imgsz={max_imgsz} is below the served imgsz={served}, so no request could run; "
+                                f"give max_imgsz>={served} or leave it out")
+        self.max_imgsz = served if max_imgsz is None else max_imgsz
+        max_work = BATCHER_OPTIONS["max_work"].check("max_work", max_work)
+        self.max_work = max(MAX_WORK, self.max_imgsz ** 2) if max_work is None else max_work
+        self.admission = Admission(BATCHER_OPTIONS["max_queued"].check("max_queued", max_queued),
+                                   BATCHER_OPTIONS["max_pixels"].check("max_pixels", max_pixels))
         self._room_for_graphs()
         self._cond = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
@@ -111,6 +136,7 @@ class Batcher:
         self._by_size: collections.Counter[int] = collections.Counter()
         self._seconds = {size: collections.deque(maxlen=_TIMED) for size in self.batch_sizes}  # recent batch times
         self._cost: dict[int, float] = {}  # padded size -> median of those seconds
+        self._timed_at: dict[int, int] = {}  # padded size -> the batch count when it was last timed
         self._last_group = 1  # size of the batch formed last: a lone request waits only after a shared one
         self._workers = [threading.Thread(target=self._run, name=f"libreyolo-batcher-{i}", daemon=True)
                          for i in range(self.in_flight)]
@@ -153,6 +179,9 @@ class Batcher:
         common.pop("color_format", None)  # decoding happens before batching: not part of the key
         task = self.model.predict_options(**merged)  # unknown or wrong options raise here
         imgsz = self.model.family.check_imgsz(self.model.imgsz if common.get("imgsz") is None else common["imgsz"])
+        if self.max_imgsz is not None and imgsz > self.max_imgsz:
+            raise RequestTooLarge(f"imgsz={imgsz} is over this server's max_imgsz={self.max_imgsz}; ask for "
+                                  f"imgsz<={self.max_imgsz} or leave it out")
         check_input_budget(self.max_batch, imgsz, explicit=True)
         common["imgsz"] = imgsz
         call = {**common, **{k: task[k] for k in merged if k in task}}
@@ -238,15 +267,36 @@ class Batcher:
         if self._closed:
             raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
         color_format, key, call = self._request_options(dict(options))
-        pixels, path, order = self._prepare_image(image, color_format)
-        request = Request(pixels, path, (key, order), {**call, "color_format": order})
-        with self._cond:
-            if self._closed:
-                raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
-            self._queue.append(request)
-            self._counts["requests"] += 1
-            self._cond.notify_all()
+        self.admission.check_room()
+        hw = image_pixels(image)  # from the header: a refused image is never decoded
+        release = None if hw is None else self._admit(hw, call)
+        try:
+            pixels, path, order = self._prepare_image(image, color_format)
+            if release is None:  # its size is known only now
+                hwc = isinstance(pixels, np.ndarray)  # an HWC array, or a CHW tensor
+                release = self._admit(tuple(pixels.shape[:2] if hwc else pixels.shape[-2:]), call)
+            request = Request(pixels, path, (key, order), {**call, "color_format": order})
+            with self._cond:
+                if self._closed:
+                    raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
+                self._queue.append(request)
+                self._counts["requests"] += 1
+                self._cond.notify_all()
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        request.future.add_done_callback(release)
         return request.future
+
+    def _admit(self, hw: tuple[int, int], call: Mapping[str, Any]) -> Any:
+        """Reserve one image's share of the budgets (module docstring of libreyolo.serve.budget)."""
+        work = self.model.family.request_work(hw[0], hw[1], call["imgsz"], call)
+        if work > self.max_work:
+            raise RequestTooLarge(f"this request would feed the network {work:,} pixels ({hw[1]}x{hw[0]} image, "
+                                  f"imgsz={call['imgsz']}, its tiling options), over this server's limit of "
+                                  f"{self.max_work:,} (max_work); send a smaller image or larger tiles")
+        return self.admission.admit(hw)
 
     def predict(self, image: Any, *, timeout: float | None = None, **options: Any) -> Any:
         """The Results of one image (blocks until its batch has run)."""
@@ -312,6 +362,10 @@ class Batcher:
         cost = self._cost
         if len(cost) < len(self.batch_sizes):
             return n
+        now = self._counts["batches"]
+        stale = [s for s in self.batch_sizes if s <= n and now - self._timed_at.get(s, 0) > _RETIME]
+        if stale:  # a size not run for a while is timed again (its cost may have been a warm-up's or a busy moment's)
+            return min(stale, key=lambda s: self._timed_at.get(s, 0))
         return max([n, *(s for s in self.batch_sizes if s < n)], key=lambda k: k / cost[self._padded(k)])
 
     def _timed(self, size: int, seconds: float) -> None:
@@ -319,6 +373,7 @@ class Batcher:
             times = self._seconds[size]
             times.append(seconds)
             self._cost[size] = statistics.median(times)
+            self._timed_at[size] = self._counts["batches"]
 
     def _run(self) -> None:
         if self.overlap:
@@ -333,13 +388,23 @@ class Batcher:
 
     @staticmethod
     def _guarded(group: list[Request], fn: Any, *args: Any) -> Any:
+        """``fn(*args)``; whatever it raises fails the group's open requests and the worker goes on.
+        A BaseException that is not an Exception (KeyboardInterrupt, SystemExit, GeneratorExit, a
+        library's own) reaches the callers as a :class:`BatchAborted` naming it: raised in a worker
+        thread it can only come from the model's code (signals reach the main thread), and handed to
+        an event loop as it is it would stop the server."""
         try:
             return fn(*args)
         except Exception as exc:  # a bug of ours must not strand the callers or stop the worker
-            for r in group:
-                if not r.future.done():
-                    r.future.set_exception(exc)
-            return None
+            failure: BaseException = exc
+        except BaseException as exc:  # noqa: BLE001 - the worker must survive it (see above)
+            failure = BatchAborted(f"the batch was aborted by {type(exc).__name__}: {str(exc)[:200] or '(no message)'}"
+                                   "; the Batcher goes on serving other requests")
+            log.error("%s", failure)
+        for r in group:
+            if not r.future.done():
+                r.future.set_exception(failure)
+        return None
 
     def _run_overlapped(self) -> None:
         """The worker with ``overlap``: start a batch, then form and start the next one while it
@@ -450,7 +515,8 @@ class Batcher:
         def pct(a: np.ndarray, q: float) -> float | None:
             return round(float(np.percentile(a, q)), 3) if a.size else None
 
-        return {**c, "queued": queued, "mean_batch": round(c["images"] / c["batches"], 3) if c["batches"] else None,
+        return {**c, "queued": queued, "budget": self.admission.stats(), "max_imgsz": self.max_imgsz,
+                "max_work": self.max_work, "mean_batch": round(c["images"] / c["batches"], 3) if c["batches"] else None,
                 "batches_by_size": by_size, "batch_ms_by_size": size_ms,
                 "queue_wait_ms_mean": round(float(wait.mean()), 3) if wait.size else None,
                 "queue_wait_ms_p50": pct(wait, 50), "latency_ms_p50": pct(lat, 50), "latency_ms_p99": pct(lat, 99),
