@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from libreyolo.serve.batcher import Batcher, BatcherClosed, default_batch_sizes
+from libreyolo.serve.batcher import BatchAborted, Batcher, BatcherClosed, default_batch_sizes
+from libreyolo.serve.budget import BatcherBusy, RequestTooLarge
 
-__all__ = ["Batcher", "BatcherClosed", "create_app", "default_batch_sizes"]
+__all__ = ["BatchAborted", "Batcher", "BatcherBusy", "BatcherClosed", "RequestTooLarge", "create_app",
+           "default_batch_sizes"]
 
 
 def __getattr__(name: str) -> Any:

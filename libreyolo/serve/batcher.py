@@ -47,7 +47,7 @@ import numpy as np
 
 from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
 from libreyolo.serve.budget import Admission, RequestTooLarge, image_pixels
-from libreyolo.serve.options import BATCHER_OPTIONS, MAX_WORK, NOT_PER_REQUEST
+from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
 from libreyolo.serve.requests import Launched, Request, default_batch_sizes, hashable
 from libreyolo.utils.log import LOGGER as log
 
@@ -123,7 +123,7 @@ class Batcher:
                                 f"give max_imgsz>={served} or leave it out")
         self.max_imgsz = served if max_imgsz is None else max_imgsz
         max_work = BATCHER_OPTIONS["max_work"].check("max_work", max_work)
-        self.max_work = max(MAX_WORK, self.max_imgsz ** 2) if max_work is None else max_work
+        self.max_work = self.max_imgsz ** 2 if max_work is None else max_work
         self.admission = Admission(BATCHER_OPTIONS["max_queued"].check("max_queued", max_queued),
                                    BATCHER_OPTIONS["max_pixels"].check("max_pixels", max_pixels))
         self._room_for_graphs()

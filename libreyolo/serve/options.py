@@ -8,7 +8,6 @@ from libreyolo.utils.checks import MAX_BATCH, MAX_IMGSZ
 MAX_WAIT_MS = 10_000.0       # a request never waits longer than this for its batch to fill
 MAX_BODY_BYTES = 1 << 30     # the largest request body max_bytes may allow (1 GiB)
 MAX_PIXELS = 1 << 27         # default decoded pixels held by admitted requests: 134,217,728 (384 MiB of 8-bit RGB)
-MAX_WORK = 1 << 22           # default network input pixels of one request (2048 x 2048), at least max_imgsz**2
 
 BATCHER_OPTIONS: dict[str, Opt] = {
     "max_batch": Opt(int, 8, "most requests coalesced into one forward", min=1, max=MAX_BATCH),
@@ -28,9 +27,9 @@ BATCHER_OPTIONS: dict[str, Opt] = {
                       "each); an image over it alone: too large (413), else busy (429)", min=1, max=1 << 34,
                       unit="pixels"),
     "max_imgsz": imgsz_opt("largest imgsz a request may ask for (default: the served imgsz; more: 413)"),
-    "max_work": Opt(int, None, "most network input pixels one request may cost: imgsz**2, or a restorer's "
-                    f"padded image with each tile's context (default: {MAX_WORK:,} or max_imgsz**2 if larger; "
-                    "more: 413)", min=1, max=MAX_IMGSZ * MAX_IMGSZ * 64, unit="pixels"),
+    "max_work": Opt(int, None, "most network input pixels one request may cost: imgsz**2 for a detector, a "
+                    "restorer's padded image with each tile's context (default: max_imgsz**2; more: 413)", min=1,
+                    max=MAX_IMGSZ * MAX_IMGSZ * 64, unit="pixels"),
 }
 
 # predict() options a request may not set: they describe the batch or the call, not the image
