@@ -212,10 +212,10 @@ def test_defect2_a_tile_request_that_costs_more_than_the_bound_is_refused_at_onc
 
 # --- defect 5: the batch-size policy keeps measuring ---------------------------------------------------
 def test_defect5_sizes_the_policy_does_not_pick_are_timed_again(model, frames, monkeypatch):
-    import libreyolo.serve.batcher as batcher_module
+    import libreyolo.serve.policy as policy
     from tests.serve_helpers import Gated
 
-    monkeypatch.setattr(batcher_module, "_RETIME", 3, raising=False)
+    monkeypatch.setattr(policy, "RETIME", 3)
     gate = Gated(model, hold=True)
     with Batcher(gate, max_batch=4, max_wait_ms=0, imgsz=IMGSZ, conf=CONF) as batcher:
         for size, seconds in ((1, 0.001), (2, 10.0), (4, 10.0)):  # a warm-up that made 2 and 4 look slow

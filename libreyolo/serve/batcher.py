@@ -31,13 +31,21 @@ each padded size (the median wall time of its recent batches, from :meth:`warmup
 every size has been timed it takes from the queue the count that runs at the most images per
 second: all of them, or a smaller padded size filled exactly, leaving the rest for the next batch
 (another worker's, with ``in_flight`` > 1). Before that (no warm-up yet) it takes all of them.
+A size it has not run for ``RETIME`` batches (:mod:`libreyolo.serve.policy`) is run once more
+when the queue can fill it, so a timing taken in warm-up or in a busy moment does not decide for good.
+
+Budgets (:mod:`libreyolo.serve.budget`): ``max_queued`` requests, ``max_pixels`` decoded pixels
+held, ``max_imgsz`` and ``max_work`` per request; :meth:`submit` refuses a request beyond them at
+once (:class:`~libreyolo.serve.budget.BatcherBusy` or
+:class:`~libreyolo.serve.budget.RequestTooLarge`), from the image's header, before decoding.
+A BaseException that is not an Exception in a batch fails that batch's requests
+(:class:`BatchAborted`) and the worker goes on (docs/serving.md).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
-import statistics
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -46,15 +54,14 @@ from typing import Any
 import numpy as np
 
 from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
-from libreyolo.serve.budget import Admission, RequestTooLarge, image_pixels
+from libreyolo.serve.budget import Admission, RequestTooLarge, check_work, image_pixels
 from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
-from libreyolo.serve.requests import Launched, Request, default_batch_sizes, hashable
+from libreyolo.serve.policy import SizePolicy
+from libreyolo.serve.requests import Launched, Request, decode_request_image, default_batch_sizes, hashable
 from libreyolo.utils.log import LOGGER as log
 
 _KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
-_TIMED = 15     # recent batch times kept per padded size (their median is the size's cost)
 _POLL_S = 3e-4  # overlap: how often a worker waiting for requests looks whether its batch on the device is done
-_RETIME = 32    # a padded size not timed for this many batches is run once more when it can be filled (re-timed)
 
 
 class BatcherClosed(LibreYOLOError, RuntimeError):
@@ -78,6 +85,7 @@ class Batcher:
     request; requests are batched only with requests of the same options. ``image`` is one
     image: a path, encoded bytes, a PIL image, a numpy array (BGR unless ``color_format="rgb"``)
     or a tensor. Use as a context manager, or call :meth:`close`, which finishes queued requests.
+    ``max_queued``, ``max_pixels``, ``max_imgsz``, ``max_work``: the budgets (module docstring).
     """
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_wait_ms: float = 2.0,
@@ -134,9 +142,7 @@ class Batcher:
         self._latency: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._wait: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._by_size: collections.Counter[int] = collections.Counter()
-        self._seconds = {size: collections.deque(maxlen=_TIMED) for size in self.batch_sizes}  # recent batch times
-        self._cost: dict[int, float] = {}  # padded size -> median of those seconds
-        self._timed_at: dict[int, int] = {}  # padded size -> the batch count when it was last timed
+        self.policy = SizePolicy(self.batch_sizes)  # the padded sizes' times and the count each batch takes
         self._last_group = 1  # size of the batch formed last: a lone request waits only after a shared one
         self._workers = [threading.Thread(target=self._run, name=f"libreyolo-batcher-{i}", daemon=True)
                          for i in range(self.in_flight)]
@@ -188,30 +194,6 @@ class Batcher:
         key = hashable({**common, **dict(task)})
         return key, call
 
-    def _prepare_image(self, image: Any, color_format: str) -> tuple[Any, str | None, str]:
-        """The request's image decoded now, as one predict() input, its path and channel order: an
-        HWC array in the order it came in (a BGR frame is not reordered on the host: predict()
-        uploads it as it is and flips it on the device), or a CHW tensor (RGB). Requests of
-        different orders are batched apart."""
-        from libreyolo.data.sources import array_source, open_sources, read_image_bytes
-
-        if isinstance(image, (bytes, bytearray, memoryview)):
-            return read_image_bytes(image, "the uploaded image"), None, "rgb"
-        if isinstance(image, np.ndarray) and image.ndim in (2, 3):  # a frame: checked and converted as predict() would
-            img = array_source(image, color_format, "source")
-            return img.pixels.numpy(), None, "bgr" if img.bgr else "rgb"
-        if isinstance(image, (list, tuple)):
-            raise ImageError(f"a request takes one image, got a {type(image).__name__} of {len(image)}; "
-                             "submit each image as its own request")
-        plan = open_sources(image, color_format=color_format)
-        if not plan.single:
-            raise ImageError(f"a request takes one image, got {len(plan)} (a directory or a batch); "
-                             "submit each image as its own request")
-        (img,), = plan.batches(1, skip_unreadable=False)
-        if img.hwc:  # the array predict() would upload (contiguous, 3 channels), no copy
-            return img.pixels.numpy(), img.path, "bgr" if img.bgr else "rgb"
-        return img.pixels, img.path, "rgb"
-
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Raise :class:`ArgumentError` when one request's options are wrong, as :meth:`submit` would."""
         self._request_options(dict(options))
@@ -242,7 +224,7 @@ class Batcher:
         (:func:`libreyolo.engine.compiled.end_compile_workers`: they slow serving while they live)."""
         frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
         color_format, _, call = self._request_options(dict(options))
-        pixels, _, order = self._prepare_image(frame, color_format)
+        pixels, _, order = decode_request_image(frame, color_format)
         call = {**call, "color_format": order}
         from libreyolo.engine.pipeline import FRAMES_AFTER
 
@@ -271,7 +253,7 @@ class Batcher:
         hw = image_pixels(image)  # from the header: a refused image is never decoded
         release = None if hw is None else self._admit(hw, call)
         try:
-            pixels, path, order = self._prepare_image(image, color_format)
+            pixels, path, order = decode_request_image(image, color_format)
             if release is None:  # its size is known only now
                 hwc = isinstance(pixels, np.ndarray)  # an HWC array, or a CHW tensor
                 release = self._admit(tuple(pixels.shape[:2] if hwc else pixels.shape[-2:]), call)
@@ -291,11 +273,7 @@ class Batcher:
 
     def _admit(self, hw: tuple[int, int], call: Mapping[str, Any]) -> Any:
         """Reserve one image's share of the budgets (module docstring of libreyolo.serve.budget)."""
-        work = self.model.family.request_work(hw[0], hw[1], call["imgsz"], call)
-        if work > self.max_work:
-            raise RequestTooLarge(f"this request would feed the network {work:,} pixels ({hw[1]}x{hw[0]} image, "
-                                  f"imgsz={call['imgsz']}, its tiling options), over this server's limit of "
-                                  f"{self.max_work:,} (max_work); send a smaller image or larger tiles")
+        check_work(self.model.family, hw, call, self.max_work)
         return self.admission.admit(hw)
 
     def predict(self, image: Any, *, timeout: float | None = None, **options: Any) -> Any:
@@ -342,7 +320,8 @@ class Batcher:
                 if self._queue:  # else another worker took them while this one waited: start over
                     break
             key = self._queue[0].key
-            take = self._take(sum(1 for r in self._queue if r.key == key))
+            take = self.policy.take(sum(1 for r in self._queue if r.key == key), self.max_batch,
+                                    self._counts["batches"])
             group, rest = [], collections.deque()
             while self._queue:
                 r = self._queue.popleft()
@@ -352,28 +331,11 @@ class Batcher:
         return [r for r in group if r.future.set_running_or_notify_cancel()]  # drop cancelled ones
 
     def _padded(self, n: int) -> int:
-        return next(s for s in self.batch_sizes if s >= n)
-
-    def _take(self, queued: int) -> int:
-        """How many of ``queued`` requests of one option set to run now (called under the lock): all
-        of them (at most ``max_batch``), or fewer where a smaller padded size filled exactly runs
-        more images per second by the measured batch times. All of them until every size is timed."""
-        n = min(queued, self.max_batch)
-        cost = self._cost
-        if len(cost) < len(self.batch_sizes):
-            return n
-        now = self._counts["batches"]
-        stale = [s for s in self.batch_sizes if s <= n and now - self._timed_at.get(s, 0) > _RETIME]
-        if stale:  # a size not run for a while is timed again (its cost may have been a warm-up's or a busy moment's)
-            return min(stale, key=lambda s: self._timed_at.get(s, 0))
-        return max([n, *(s for s in self.batch_sizes if s < n)], key=lambda k: k / cost[self._padded(k)])
+        return self.policy.padded(n)
 
     def _timed(self, size: int, seconds: float) -> None:
         with self._cond:
-            times = self._seconds[size]
-            times.append(seconds)
-            self._cost[size] = statistics.median(times)
-            self._timed_at[size] = self._counts["batches"]
+            self.policy.timed(size, seconds, self._counts["batches"])
 
     def _run(self) -> None:
         if self.overlap:
@@ -509,7 +471,7 @@ class Batcher:
             c = dict(self._counts)
             lat, wait = np.array(self._latency) * 1e3, np.array(self._wait) * 1e3
             by_size = dict(sorted(self._by_size.items()))
-            size_ms = {size: round(t * 1e3, 3) for size, t in sorted(self._cost.items())}
+            size_ms = {size: round(t * 1e3, 3) for size, t in sorted(self.policy.cost.items())}
             queued = len(self._queue)
 
         def pct(a: np.ndarray, q: float) -> float | None:

@@ -68,6 +68,15 @@ def image_pixels(image: Any) -> tuple[int, int] | None:
         return None
 
 
+def check_work(family: Any, hw: tuple[int, int], call: Any, max_work: int) -> None:
+    """Raise :class:`RequestTooLarge` when one image would cost the network more than ``max_work`` pixels."""
+    work = family.request_work(hw[0], hw[1], call["imgsz"], call)
+    if work > max_work:
+        raise RequestTooLarge(f"this request would feed the network {work:,} pixels ({hw[1]}x{hw[0]} image, "
+                              f"imgsz={call['imgsz']}, its tiling options), over this server's limit of "
+                              f"{max_work:,} (max_work); send a smaller image or larger tiles")
+
+
 class Admission:
     """The budgets of one Batcher; :meth:`admit` reserves a request's share or raises, and the
     returned callable gives it back (once)."""

@@ -1,0 +1,237 @@
+"""Good clients against ``libreyolo serve`` with and without hostile clients in the mix (issue 49).
+
+    PYTHONPATH=. python bench/abuse_bench.py --clients 32,64 --seconds 15 \\
+        --json bench/results/<date>-abuse-cpu.json
+
+For each client count and each mix (``clean``: good clients only; ``hostile``: the same good
+clients plus ``--hostile`` hostile ones), a fresh ``libreyolo serve`` (the demo detector,
+``LibreYOLO9t-shapes.pt``, at its imgsz) is started on 127.0.0.1 (loopback only) with declared
+budgets, and every good client posts the demo's held-out image in a closed loop for ``--seconds``
+(a 429 is retried after a short pause, as Retry-After asks; it counts as a refusal, not an
+answer). Hostile clients cycle through four abuses: an oversized legal PNG (9219 x 9219 pixels, a
+few hundred kB: refused from its header, 413), ``?imgsz=4096`` (413), a body that trickles (100
+bytes of a declared 100,000, then a byte a second: 408 after ``body_timeout``) and a disconnect
+mid-upload. Reported per run: good answers per second, their p50 and p99 latency, refusals, the
+hostile clients' statuses, and the server's RSS (idle after start, peak: sampled every 10 ms with
+psutil). Targets: with hostile clients the good clients keep at least 80% of their clean
+throughput, and the server's peak RSS stays under the declared budget: the clean run's peak plus
+the decoded-image budget (``max_pixels`` x 3 bytes, twice: PIL's buffer and the array).
+Every run is bounded: ``--seconds`` each, at most ``--max-requests`` per good client.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import io
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.report_json import write_json  # noqa: E402
+
+SHAPES = ROOT / "libreyolo" / "assets" / "shapes.jpg"
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "libreyolo.cli", "serve", "model=LibreYOLO9t-shapes.pt", "port=0",
+           f"max_pixels={args.max_pixels}", f"max_batch={args.max_batch}", f"body_timeout={args.body_timeout}",
+           "grace=2", "warmup=false"]  # warm-up timings on a loaded CPU mislead; real batches time the sizes
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if " on http://" not in line:
+        proc.kill()
+        raise SystemExit(f"serve did not start: {line!r}")
+    return proc, line.split(" on ")[1].split("/ ")[0]
+
+
+class RssSampler:
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self.proc, self.peak, self.stop = psutil.Process(pid), 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+            except Exception:  # the process ended
+                return
+            time.sleep(0.01)
+
+
+def good_client(url: str, body: bytes, end: float, limit: int) -> dict:
+    import httpx
+
+    lat, refused, other = [], 0, 0
+    with httpx.Client(base_url=url, timeout=120) as client:
+        while time.monotonic() < end and len(lat) < limit:
+            t0 = time.perf_counter()
+            r = client.post("/predict", content=body)
+            if r.status_code == 200:
+                lat.append(time.perf_counter() - t0)
+            elif r.status_code == 429:
+                refused += 1
+                time.sleep(0.05)
+            else:
+                other += 1
+    return {"latencies": lat, "refused": refused, "other": other}
+
+
+def _raw(url: str, declared: int, sent: bytes) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=120)
+    sock.sendall(f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Length: {declared}\r\n\r\n".encode() + sent)
+    return sock
+
+
+def hostile_client(k: int, url: str, big: bytes, small: bytes, end: float) -> dict:
+    import httpx
+
+    counts: dict[str, int] = {}
+
+    def note(what: str) -> None:
+        counts[what] = counts.get(what, 0) + 1
+
+    kind = ("oversized", "imgsz", "slow_body", "disconnect")[k % 4]
+    with httpx.Client(base_url=url, timeout=120) as client:
+        while time.monotonic() < end:
+            if kind == "oversized":
+                note(f"oversized:{client.post('/predict', content=big).status_code}")
+            elif kind == "imgsz":
+                note(f"imgsz:{client.post('/predict', content=small, params={'imgsz': '4096'}).status_code}")
+            elif kind == "disconnect":
+                _raw(url, 100_000, small[:2000]).close()
+                note("disconnect")
+                time.sleep(0.01)
+            else:
+                sock = _raw(url, 100_000, small[:100])
+                sock.settimeout(1.0)
+                status = None
+                while status is None and time.monotonic() < end + 30:
+                    try:
+                        data = sock.recv(4096)
+                        status = data[9:12].decode() if data else "closed"
+                    except TimeoutError:
+                        try:
+                            sock.sendall(b"\0")  # a byte a second
+                        except OSError:
+                            status = "closed"
+                sock.close()
+                note(f"slow_body:{status}")
+    return counts
+
+
+def run(args: argparse.Namespace, clients: int, hostile: int, body: bytes, big: bytes) -> dict:
+    proc, url = start_server(args)
+    try:
+        import httpx
+
+        httpx.post(url + "/predict", content=body, timeout=120)  # first request outside the timing
+        time.sleep(1.0)
+        sampler = RssSampler(proc.pid)
+        idle = sampler.proc.memory_info().rss
+        sampler.thread.start()
+        end = time.monotonic() + args.seconds
+        with concurrent.futures.ThreadPoolExecutor(clients + hostile) as pool:
+            start = time.monotonic()
+            goods = [pool.submit(good_client, url, body, end, args.max_requests) for _ in range(clients)]
+            bads = [pool.submit(hostile_client, k, url, big, body, end) for k in range(hostile)]
+            good = [f.result(args.seconds + 300) for f in goods]
+            wall = time.monotonic() - start
+            bad = [f.result(args.seconds + 300) for f in bads]
+        info = httpx.get(url + "/info", timeout=60).json()
+        sampler.stop.set()
+        sampler.thread.join(5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    lat = np.array([x for g in good for x in g["latencies"]]) * 1e3
+    statuses: dict[str, int] = {}
+    for counts in bad:
+        for key, n in counts.items():
+            statuses[key] = statuses.get(key, 0) + n
+    return {"clients": clients, "hostile_clients": hostile, "seconds": round(wall, 2), "answered": int(lat.size),
+            "answers_per_s": round(lat.size / wall, 2),
+            "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
+            "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat.size else None,
+            "good_refused_429": sum(g["refused"] for g in good), "good_other_errors": sum(g["other"] for g in good),
+            "hostile_statuses": statuses, "rss_idle_mib": round(idle / 2**20, 1),
+            "rss_peak_mib": round(sampler.peak / 2**20, 1), "mean_batch": info["batcher"]["mean_batch"],
+            "budget": info["batcher"]["budget"], "limits": info["limits"]}
+
+
+def oversized_png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (9219, 9219), 1).save(buf, format="PNG")  # 85 M pixels, decoded 255 MB as RGB
+    return buf.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", default="32,64")
+    parser.add_argument("--hostile", type=int, default=8, help="hostile clients in the hostile mix")
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--max-requests", type=int, default=10_000, help="per good client")
+    parser.add_argument("--max-pixels", type=int, default=1 << 25)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--body-timeout", type=float, default=5.0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    import libreyolo
+
+    body, big = SHAPES.read_bytes(), oversized_png()
+    rows = []
+    for n in (int(c) for c in args.clients.split(",")):
+        for hostile in (0, args.hostile):
+            rows.append(run(args, n, hostile, body, big))
+            r = rows[-1]
+            print(f"clients {n:3d} hostile {hostile:2d}: {r['answers_per_s']:7.2f} answers/s, p50 {r['p50_ms']} ms, "
+                  f"p99 {r['p99_ms']} ms, 429 {r['good_refused_429']}, RSS idle {r['rss_idle_mib']} MiB peak "
+                  f"{r['rss_peak_mib']} MiB, hostile {r['hostile_statuses']}", flush=True)
+    image_budget_mib = 2 * 3 * args.max_pixels / 2**20
+    targets = []
+    print(f"\n{'clients':>7} {'clean/s':>8} {'hostile/s':>9} {'kept':>6} {'p99 clean':>9} {'p99 hostile':>11} "
+          f"{'peak clean':>10} {'peak hostile':>12} {'budget':>8}  met")
+    for clean, mixed in zip(rows[::2], rows[1::2], strict=True):
+        kept = mixed["answers_per_s"] / clean["answers_per_s"] if clean["answers_per_s"] else 0.0
+        budget = clean["rss_peak_mib"] + image_budget_mib
+        met = kept >= 0.8 and mixed["rss_peak_mib"] <= budget
+        targets.append({"clients": clean["clients"], "throughput_kept": round(kept, 3),
+                        "rss_budget_mib": round(budget, 1), "rss_peak_hostile_mib": mixed["rss_peak_mib"],
+                        "met": met})
+        print(f"{clean['clients']:>7} {clean['answers_per_s']:>8.2f} {mixed['answers_per_s']:>9.2f} {kept:>6.1%} "
+              f"{clean['p99_ms']:>9} {mixed['p99_ms']:>11} {clean['rss_peak_mib']:>10} {mixed['rss_peak_mib']:>12} "
+              f"{budget:>8.0f}  {'yes' if met else 'NO'}")
+    report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "load_avg_at_start": os.getloadavg(), "note": "a shared CPU machine: other jobs ran"},
+              "versions": {"libreyolo": libreyolo.__version__, "torch": torch.__version__,
+                           "python": platform.python_version()},
+              "command": " ".join(["python", *sys.argv]), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "settings": vars(args), "image_budget_mib": image_budget_mib, "runs": rows, "targets": targets}
+    if args.json:
+        write_json(args.json, report)
+    return 0 if all(t["met"] for t in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
