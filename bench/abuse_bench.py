@@ -15,7 +15,7 @@ mid-upload, each at most ``--hostile-rate`` times a second (default 10; 0 floods
 process (their client-side work must not share the GIL with the good clients being timed; the
 CPU is still shared). Reported per run: good answers per second, their p50 and p99 latency, refusals, the
 hostile clients' statuses, and the server's RSS (idle after start, peak: sampled every 10 ms with
-psutil). Targets: with hostile clients the good clients keep at least 80% of their clean
+/proc, so Linux only). Targets: with hostile clients the good clients keep at least 80% of their clean
 throughput, and the server's peak RSS stays under the declared budget: the clean run's peak plus
 the decoded-image budget (``max_pixels`` x 3 bytes, twice: PIL's buffer and the array).
 Every run is bounded: ``--seconds`` each, at most ``--max-requests`` per good client.
@@ -61,17 +61,27 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
 
 
 class RssSampler:
-    def __init__(self, pid: int) -> None:
-        import psutil
+    """The server's resident memory (peak, sampled every 10 ms) and CPU seconds, from /proc."""
 
-        self.proc, self.peak, self.stop = psutil.Process(pid), 0, threading.Event()
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for process {self.pid}")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
     def _run(self) -> None:
         while not self.stop.is_set():
             try:
-                self.peak = max(self.peak, self.proc.memory_info().rss)
-            except Exception:  # the process ended
+                self.peak = max(self.peak, self.rss())
+            except OSError:  # the process ended
                 return
             time.sleep(0.01)
 
@@ -162,8 +172,8 @@ def run(args: argparse.Namespace, clients: int, hostile: int, body: bytes, big: 
         child.submit(time.sleep, 0).result(120)  # started (and its imports done) before the timing
         time.sleep(1.0)
         sampler = RssSampler(proc.pid)
-        idle = sampler.proc.memory_info().rss
-        cpu0 = sum(sampler.proc.cpu_times()[:2])
+        idle = sampler.rss()
+        cpu0 = sampler.cpu_seconds()
         sampler.thread.start()
         end = time.monotonic() + args.seconds
         with concurrent.futures.ThreadPoolExecutor(clients) as pool, child:
@@ -173,7 +183,7 @@ def run(args: argparse.Namespace, clients: int, hostile: int, body: bytes, big: 
             good = [f.result(args.seconds + 300) for f in goods]
             wall = time.monotonic() - start
             bad = bads.result(args.seconds + 300) if bads else []
-        cpu = sum(sampler.proc.cpu_times()[:2]) - cpu0
+        cpu = sampler.cpu_seconds() - cpu0
         info = httpx.get(url + "/info", timeout=60).json()
         sampler.stop.set()
         sampler.thread.join(5)
