@@ -1,5 +1,5 @@
 """What the serving tests share: the demo detector, four frames of its held-out image, exact
-comparison of results, JPEG encoding, and a model whose predict() can be held.
+comparison of results, JPEG encoding, a model whose predict() can be held and uvicorn in a thread.
 
 Exactness on the CPU: the tests compare every result with a direct ``model(image)`` bit for bit
 (``torch.equal``), with PyTorch's oneDNN convolutions switched off (``no_onednn``). With oneDNN
@@ -13,7 +13,9 @@ oneDNN off batching changes nothing, and any difference would be a bug of the Ba
 from __future__ import annotations
 
 import io
+import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -85,3 +87,26 @@ class Gated:
         if self.poison is not None and any(np.array_equal(i, self.poison) for i in images):
             raise ValueError("poisoned image")
         return self._model.predict(images, **kw)
+
+
+class Server:
+    """uvicorn in a thread on a free localhost port (the socket is bound here, then handed over)."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:  # bounded: uvicorn sets this flag and offers no event
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.sock.close()

@@ -24,7 +24,8 @@ def test_cli_help_and_argument_errors_answer_before_importing_torch():
     code = ("import sys, contextlib, io\nfrom libreyolo.cli import COMMANDS, main\n"
             "codes = []\nwith contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
             "    codes.append(main(['--help']))\n"
-            "    for c in COMMANDS:\n        codes.append(main([c, '--help']))\n        codes.append(main([c, 'bogus=1']))\n"
+            "    for c in COMMANDS:\n        codes.append(main([c, '--help']))\n"
+            "        codes.append(main([c, 'bogus=1']))\n"
             "print(codes.count(0), codes.count(2), [m for m in ('torch', 'fastapi', 'onnx') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     n = 8  # commands

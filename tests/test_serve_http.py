@@ -7,10 +7,7 @@ import base64
 import concurrent.futures
 import io
 import json
-import socket
 import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -22,6 +19,7 @@ from tests.serve_helpers import (  # noqa: F401  (fixtures: pytest finds them by
     IMGSZ,
     SHAPES,
     Gated,
+    Server,
     frames,
     jpeg,
     model,
@@ -31,29 +29,6 @@ from tests.serve_helpers import (  # noqa: F401  (fixtures: pytest finds them by
 
 
 # --- HTTP -------------------------------------------------------------------------------------------
-class Server:
-    """uvicorn in a thread on a free localhost port (the socket is bound here, then handed over)."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:  # bounded: uvicorn sets this flag and offers no event
-            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
 def server(model):
     pytest.importorskip("fastapi")

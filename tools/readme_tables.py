@@ -25,7 +25,8 @@ def family_table() -> str:
         else:
             sizes = [f"{size} ({fam.default_imgsz_for(size)})" for size in fam.sizes]
         graphs = "yes" if fam.SUPPORTS_CUDA_GRAPH else "no"
-        rows.append(f"| `{name}` | {fam.task} | {', '.join(sizes)} | `{fam.filename(fam.default_size)}.pt` | {graphs} |")
+        checkpoint = f"`{fam.filename(fam.default_size)}.pt`"
+        rows.append(f"| `{name}` | {fam.task} | {', '.join(sizes)} | {checkpoint} | {graphs} |")
     return "\n".join(rows)
 
 

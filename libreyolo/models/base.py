@@ -202,6 +202,12 @@ class Family:
         multiple of ``stride``). Families with a fixed input size override this."""
         return check_stride_imgsz(value, self.stride)
 
+    def request_work(self, height: int, width: int, imgsz: int, opts: Any) -> int:
+        """The network input pixels one ``height`` x ``width`` image costs at ``imgsz`` with the
+        predict options ``opts`` (a mapping): what a server bounds per request (``max_work``).
+        Default: the preprocessor's square, ``imgsz**2``, whatever the image's size."""
+        return imgsz * imgsz
+
     def postprocess(self, outputs: dict[str, torch.Tensor], metas: list[LetterboxMeta], opts: Any = None,
                     **kw: Any) -> list[dict]:
         """Per-image predictions (the dicts the family's task turns into its Results payload).

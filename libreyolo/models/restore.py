@@ -61,6 +61,22 @@ class RestoreFamily(Family):
         input side of an export, so it must be a multiple of the window (``stride``)."""
         return super().check_imgsz(value)
 
+    def request_work(self, height: int, width: int, imgsz: int, opts: Any) -> int:
+        """The pixels :meth:`run_network` feeds the network for one image: its own size padded to
+        the window, or with ``tile``, every tile with its ``tile_pad`` context (clipped at the
+        border), so a small tile with a large context counts what it costs."""
+        s = self.stride
+        h, w = -(-height // s) * s, -(-width // s) * s
+        tile = opts.get("tile")
+        if not tile:
+            return h * w
+        pad = int(opts.get("tile_pad") or 0)
+
+        def spans(n: int) -> int:  # the summed length of the tiles' windows along one side
+            return sum(min(t + tile + pad, n) - max(t - pad, 0) for t in range(0, n, tile))
+
+        return spans(h) * spans(w)
+
     def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
         return (outputs["image"] if isinstance(outputs, dict) else outputs,)
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Batcher", "BatcherClosed", "create_app", "default_batch_sizes"]
+__all__ = ["BatchAborted", "Batcher", "BatcherBusy", "BatcherClosed", "RequestTooLarge", "create_app",
+           "default_batch_sizes"]
+
+_WHERE = {"BatchAborted": "batcher", "Batcher": "batcher", "BatcherClosed": "batcher",
+          "default_batch_sizes": "batcher", "BatcherBusy": "budget", "RequestTooLarge": "budget",
+          "create_app": "app"}  # app imports FastAPI: only when asked for
 
 
 def __getattr__(name: str) -> Any:
-    if name == "create_app":  # imports FastAPI: only when asked for
-        from libreyolo.serve.app import create_app
+    if name in _WHERE:
+        import importlib
 
-        return create_app
-    if name in ("Batcher", "BatcherClosed", "default_batch_sizes"):
-        from libreyolo.serve import batcher
-
-        return getattr(batcher, name)
+        return getattr(importlib.import_module(f"libreyolo.serve.{_WHERE[name]}"), name)
     raise AttributeError(f"module 'libreyolo.serve' has no attribute {name!r}")

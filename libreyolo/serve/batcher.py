@@ -31,13 +31,21 @@ each padded size (the median wall time of its recent batches, from :meth:`warmup
 every size has been timed it takes from the queue the count that runs at the most images per
 second: all of them, or a smaller padded size filled exactly, leaving the rest for the next batch
 (another worker's, with ``in_flight`` > 1). Before that (no warm-up yet) it takes all of them.
+A size it has not run for ``RETIME`` batches (:mod:`libreyolo.serve.policy`) is run once more
+when the queue can fill it, so a timing taken in warm-up or in a busy moment does not decide for good.
+
+Budgets (:mod:`libreyolo.serve.budget`): ``max_queued`` requests, ``max_pixels`` decoded pixels
+held, ``max_imgsz`` and ``max_work`` per request; :meth:`submit` refuses a request beyond them at
+once (:class:`~libreyolo.serve.budget.BatcherBusy` or
+:class:`~libreyolo.serve.budget.RequestTooLarge`), from the image's header, before decoding.
+A BaseException that is not an Exception in a batch fails that batch's requests
+(:class:`BatchAborted`) and the worker goes on (docs/serving.md).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
-import statistics
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -46,16 +54,24 @@ from typing import Any
 import numpy as np
 
 from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
+from libreyolo.serve.budget import Admission, RequestTooLarge, check_work, image_pixels
 from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
-from libreyolo.serve.requests import Launched, Request, default_batch_sizes, hashable
+from libreyolo.serve.policy import SizePolicy
+from libreyolo.serve.requests import Launched, Request, decode_request_image, default_batch_sizes, hashable
+from libreyolo.utils.log import LOGGER as log
 
 _KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
-_TIMED = 15     # recent batch times kept per padded size (their median is the size's cost)
 _POLL_S = 3e-4  # overlap: how often a worker waiting for requests looks whether its batch on the device is done
 
 
 class BatcherClosed(LibreYOLOError, RuntimeError):
     """A request came after :meth:`Batcher.close`."""
+
+
+class BatchAborted(LibreYOLOError, RuntimeError):
+    """A batch raised a BaseException that is not an Exception; its requests fail with this, the worker goes on."""
+
+    status = 500
 
 
 class Batcher:
@@ -69,11 +85,14 @@ class Batcher:
     request; requests are batched only with requests of the same options. ``image`` is one
     image: a path, encoded bytes, a PIL image, a numpy array (BGR unless ``color_format="rgb"``)
     or a tensor. Use as a context manager, or call :meth:`close`, which finishes queued requests.
+    ``max_queued``, ``max_pixels``, ``max_imgsz``, ``max_work``: the budgets (module docstring).
     """
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_wait_ms: float = 2.0,
                  batch_sizes: Sequence[int] | None = None, in_flight: int = 1, overlap: bool | None = None,
-                 **predict_kw: Any) -> None:
+                 max_queued: int = BATCHER_OPTIONS["max_queued"].default,
+                 max_pixels: int = BATCHER_OPTIONS["max_pixels"].default, max_imgsz: int | None = None,
+                 max_work: int | None = None, **predict_kw: Any) -> None:
         self.model = model
         self.max_batch = BATCHER_OPTIONS["max_batch"].check("max_batch", max_batch)
         self.max_wait_ms = BATCHER_OPTIONS["max_wait_ms"].check("max_wait_ms", max_wait_ms)
@@ -96,11 +115,25 @@ class Batcher:
             raise ArgumentError(f"overlap=True starts batches with model.enqueue(), which this "
                                 f"{type(model).__name__} does not have; pass overlap=False")
         self._cuda_device = run_on if on_cuda else None  # where an overlapping worker records its events
+        if PREDICT_OPTIONS["cuda_graph"].check("cuda_graph", predict_kw.get("cuda_graph", False)) is True and \
+                run_on is not None and not on_cuda:
+            raise ArgumentError(f"cuda_graph=True needs the model on a CUDA device, and this Batcher runs it on "
+                                f"{run_on}; pass device='cuda' (or a model on CUDA), cuda_graph='auto' or leave it out")
         self._color_format = PREDICT_OPTIONS["color_format"].check("color_format",
                                                                    predict_kw.pop("color_format", "bgr"))
         self.predict_kw = dict(predict_kw)
         self._defaults: tuple | None = None  # _request_options({}), checked on first use
-        self._prepare_options(predict_kw)  # every default checked now, before any request
+        self.max_imgsz: int | None = None
+        served = self._prepare_options(predict_kw)[1]["imgsz"]  # every default checked now, before any request
+        max_imgsz = BATCHER_OPTIONS["max_imgsz"].check("max_imgsz", max_imgsz)
+        if max_imgsz is not None and max_imgsz < served:
+            raise ArgumentError(f"max_imgsz={max_imgsz} is below the served imgsz={served}, so no request could run; "
+                                f"give max_imgsz>={served} or leave it out")
+        self.max_imgsz = served if max_imgsz is None else max_imgsz
+        max_work = BATCHER_OPTIONS["max_work"].check("max_work", max_work)
+        self.max_work = self.max_imgsz ** 2 if max_work is None else max_work
+        self.admission = Admission(BATCHER_OPTIONS["max_queued"].check("max_queued", max_queued),
+                                   BATCHER_OPTIONS["max_pixels"].check("max_pixels", max_pixels))
         self._room_for_graphs()
         self._cond = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
@@ -109,8 +142,7 @@ class Batcher:
         self._latency: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._wait: collections.deque[float] = collections.deque(maxlen=_KEEP)
         self._by_size: collections.Counter[int] = collections.Counter()
-        self._seconds = {size: collections.deque(maxlen=_TIMED) for size in self.batch_sizes}  # recent batch times
-        self._cost: dict[int, float] = {}  # padded size -> median of those seconds
+        self.policy = SizePolicy(self.batch_sizes)  # the padded sizes' times and the count each batch takes
         self._last_group = 1  # size of the batch formed last: a lone request waits only after a shared one
         self._workers = [threading.Thread(target=self._run, name=f"libreyolo-batcher-{i}", daemon=True)
                          for i in range(self.in_flight)]
@@ -153,35 +185,14 @@ class Batcher:
         common.pop("color_format", None)  # decoding happens before batching: not part of the key
         task = self.model.predict_options(**merged)  # unknown or wrong options raise here
         imgsz = self.model.family.check_imgsz(self.model.imgsz if common.get("imgsz") is None else common["imgsz"])
+        if self.max_imgsz is not None and imgsz > self.max_imgsz:
+            raise RequestTooLarge(f"imgsz={imgsz} is over this server's max_imgsz={self.max_imgsz}; ask for "
+                                  f"imgsz<={self.max_imgsz} or leave it out")
         check_input_budget(self.max_batch, imgsz, explicit=True)
         common["imgsz"] = imgsz
         call = {**common, **{k: task[k] for k in merged if k in task}}
         key = hashable({**common, **dict(task)})
         return key, call
-
-    def _prepare_image(self, image: Any, color_format: str) -> tuple[Any, str | None, str]:
-        """The request's image decoded now, as one predict() input, its path and channel order: an
-        HWC array in the order it came in (a BGR frame is not reordered on the host: predict()
-        uploads it as it is and flips it on the device), or a CHW tensor (RGB). Requests of
-        different orders are batched apart."""
-        from libreyolo.data.sources import array_source, open_sources, read_image_bytes
-
-        if isinstance(image, (bytes, bytearray, memoryview)):
-            return read_image_bytes(image, "the uploaded image"), None, "rgb"
-        if isinstance(image, np.ndarray) and image.ndim in (2, 3):  # a frame: checked and converted as predict() would
-            img = array_source(image, color_format, "source")
-            return img.pixels.numpy(), None, "bgr" if img.bgr else "rgb"
-        if isinstance(image, (list, tuple)):
-            raise ImageError(f"a request takes one image, got a {type(image).__name__} of {len(image)}; "
-                             "submit each image as its own request")
-        plan = open_sources(image, color_format=color_format)
-        if not plan.single:
-            raise ImageError(f"a request takes one image, got {len(plan)} (a directory or a batch); "
-                             "submit each image as its own request")
-        (img,), = plan.batches(1, skip_unreadable=False)
-        if img.hwc:  # the array predict() would upload (contiguous, 3 channels), no copy
-            return img.pixels.numpy(), img.path, "bgr" if img.bgr else "rgb"
-        return img.pixels, img.path, "rgb"
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Raise :class:`ArgumentError` when one request's options are wrong, as :meth:`submit` would."""
@@ -213,7 +224,7 @@ class Batcher:
         (:func:`libreyolo.engine.compiled.end_compile_workers`: they slow serving while they live)."""
         frame = np.full((480, 640, 3), 114, np.uint8) if image is None else image
         color_format, _, call = self._request_options(dict(options))
-        pixels, _, order = self._prepare_image(frame, color_format)
+        pixels, _, order = decode_request_image(frame, color_format)
         call = {**call, "color_format": order}
         from libreyolo.engine.pipeline import FRAMES_AFTER
 
@@ -238,15 +249,32 @@ class Batcher:
         if self._closed:
             raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
         color_format, key, call = self._request_options(dict(options))
-        pixels, path, order = self._prepare_image(image, color_format)
-        request = Request(pixels, path, (key, order), {**call, "color_format": order})
-        with self._cond:
-            if self._closed:
-                raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
-            self._queue.append(request)
-            self._counts["requests"] += 1
-            self._cond.notify_all()
+        self.admission.check_room()
+        hw = image_pixels(image)  # from the header: a refused image is never decoded
+        release = None if hw is None else self._admit(hw, call)
+        try:
+            pixels, path, order = decode_request_image(image, color_format)
+            if release is None:  # its size is known only now
+                hwc = isinstance(pixels, np.ndarray)  # an HWC array, or a CHW tensor
+                release = self._admit(tuple(pixels.shape[:2] if hwc else pixels.shape[-2:]), call)
+            request = Request(pixels, path, (key, order), {**call, "color_format": order})
+            with self._cond:
+                if self._closed:
+                    raise BatcherClosed("this Batcher is closed; create a new one to serve more requests")
+                self._queue.append(request)
+                self._counts["requests"] += 1
+                self._cond.notify_all()
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        request.future.add_done_callback(release)
         return request.future
+
+    def _admit(self, hw: tuple[int, int], call: Mapping[str, Any]) -> Any:
+        """Reserve one image's share of the budgets (module docstring of libreyolo.serve.budget)."""
+        check_work(self.model.family, hw, call, self.max_work)
+        return self.admission.admit(hw)
 
     def predict(self, image: Any, *, timeout: float | None = None, **options: Any) -> Any:
         """The Results of one image (blocks until its batch has run)."""
@@ -292,7 +320,8 @@ class Batcher:
                 if self._queue:  # else another worker took them while this one waited: start over
                     break
             key = self._queue[0].key
-            take = self._take(sum(1 for r in self._queue if r.key == key))
+            take = self.policy.take(sum(1 for r in self._queue if r.key == key), self.max_batch,
+                                    self._counts["batches"])
             group, rest = [], collections.deque()
             while self._queue:
                 r = self._queue.popleft()
@@ -302,23 +331,11 @@ class Batcher:
         return [r for r in group if r.future.set_running_or_notify_cancel()]  # drop cancelled ones
 
     def _padded(self, n: int) -> int:
-        return next(s for s in self.batch_sizes if s >= n)
-
-    def _take(self, queued: int) -> int:
-        """How many of ``queued`` requests of one option set to run now (called under the lock): all
-        of them (at most ``max_batch``), or fewer where a smaller padded size filled exactly runs
-        more images per second by the measured batch times. All of them until every size is timed."""
-        n = min(queued, self.max_batch)
-        cost = self._cost
-        if len(cost) < len(self.batch_sizes):
-            return n
-        return max([n, *(s for s in self.batch_sizes if s < n)], key=lambda k: k / cost[self._padded(k)])
+        return self.policy.padded(n)
 
     def _timed(self, size: int, seconds: float) -> None:
         with self._cond:
-            times = self._seconds[size]
-            times.append(seconds)
-            self._cost[size] = statistics.median(times)
+            self.policy.timed(size, seconds, self._counts["batches"])
 
     def _run(self) -> None:
         if self.overlap:
@@ -333,13 +350,23 @@ class Batcher:
 
     @staticmethod
     def _guarded(group: list[Request], fn: Any, *args: Any) -> Any:
+        """``fn(*args)``; whatever it raises fails the group's open requests and the worker goes on.
+        A BaseException that is not an Exception (KeyboardInterrupt, SystemExit, GeneratorExit, a
+        library's own) reaches the callers as a :class:`BatchAborted` naming it: raised in a worker
+        thread it can only come from the model's code (signals reach the main thread), and handed to
+        an event loop as it is it would stop the server."""
         try:
             return fn(*args)
         except Exception as exc:  # a bug of ours must not strand the callers or stop the worker
-            for r in group:
-                if not r.future.done():
-                    r.future.set_exception(exc)
-            return None
+            failure: BaseException = exc
+        except BaseException as exc:  # noqa: BLE001 - the worker must survive it (see above)
+            failure = BatchAborted(f"the batch was aborted by {type(exc).__name__}: {str(exc)[:200] or '(no message)'}"
+                                   "; the Batcher goes on serving other requests")
+            log.error("%s", failure)
+        for r in group:
+            if not r.future.done():
+                r.future.set_exception(failure)
+        return None
 
     def _run_overlapped(self) -> None:
         """The worker with ``overlap``: start a batch, then form and start the next one while it
@@ -444,13 +471,14 @@ class Batcher:
             c = dict(self._counts)
             lat, wait = np.array(self._latency) * 1e3, np.array(self._wait) * 1e3
             by_size = dict(sorted(self._by_size.items()))
-            size_ms = {size: round(t * 1e3, 3) for size, t in sorted(self._cost.items())}
+            size_ms = {size: round(t * 1e3, 3) for size, t in sorted(self.policy.cost.items())}
             queued = len(self._queue)
 
         def pct(a: np.ndarray, q: float) -> float | None:
             return round(float(np.percentile(a, q)), 3) if a.size else None
 
-        return {**c, "queued": queued, "mean_batch": round(c["images"] / c["batches"], 3) if c["batches"] else None,
+        return {**c, "queued": queued, "budget": self.admission.stats(), "max_imgsz": self.max_imgsz,
+                "max_work": self.max_work, "mean_batch": round(c["images"] / c["batches"], 3) if c["batches"] else None,
                 "batches_by_size": by_size, "batch_ms_by_size": size_ms,
                 "queue_wait_ms_mean": round(float(wait.mean()), 3) if wait.size else None,
                 "queue_wait_ms_p50": pct(wait, 50), "latency_ms_p50": pct(lat, 50), "latency_ms_p99": pct(lat, 99),

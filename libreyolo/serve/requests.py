@@ -1,5 +1,6 @@
-"""What the :class:`~libreyolo.serve.Batcher` queues and runs: a request, a batch started by an
-overlapping worker, the grouping key of a request's options and the default padded sizes."""
+"""What the :class:`~libreyolo.serve.Batcher` queues and runs: a request (and its image decoded as
+one predict() input), a batch started by an overlapping worker, the grouping key of a request's
+options and the default padded sizes."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -7,6 +8,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+
+from libreyolo.errors import ImageError
 
 
 @dataclass
@@ -52,3 +57,28 @@ def default_batch_sizes(max_batch: int) -> tuple[int, ...]:
         sizes.append(n)
         n *= 2
     return (*sizes, max_batch)
+
+
+def decode_request_image(image: Any, color_format: str) -> tuple[Any, str | None, str]:
+    """The request's image decoded now, as one predict() input, its path and channel order: an
+    HWC array in the order it came in (a BGR frame is not reordered on the host: predict()
+    uploads it as it is and flips it on the device), or a CHW tensor (RGB). Requests of
+    different orders are batched apart."""
+    from libreyolo.data.sources import array_source, open_sources, read_image_bytes
+
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return read_image_bytes(image, "the uploaded image"), None, "rgb"
+    if isinstance(image, np.ndarray) and image.ndim in (2, 3):  # a frame: checked and converted as predict() would
+        img = array_source(image, color_format, "source")
+        return img.pixels.numpy(), None, "bgr" if img.bgr else "rgb"
+    if isinstance(image, (list, tuple)):
+        raise ImageError(f"a request takes one image, got a {type(image).__name__} of {len(image)}; "
+                         "submit each image as its own request")
+    plan = open_sources(image, color_format=color_format)
+    if not plan.single:
+        raise ImageError(f"a request takes one image, got {len(plan)} (a directory or a batch); "
+                         "submit each image as its own request")
+    (img,), = plan.batches(1, skip_unreadable=False)
+    if img.hwc:  # the array predict() would upload (contiguous, 3 channels), no copy
+        return img.pixels.numpy(), img.path, "bgr" if img.bgr else "rgb"
+    return img.pixels, img.path, "rgb"
