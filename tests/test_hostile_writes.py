@@ -206,3 +206,58 @@ def test_sigterm_between_the_renames_of_a_triton_reexport_keeps_a_model_folder(t
     assert (folder / CONFIG).is_file() and model_file(folder).is_file(), "the model folder was lost"
     assert "max_batch_size: 3" in (folder / CONFIG).read_text()  # the new version, complete
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "served.onnx"]  # no build or old folder left
+
+
+# --- benchmark: its temporary folder goes on SIGTERM and Ctrl-C --------------------------------
+BENCH = """
+import sys, time
+from pathlib import Path
+from libreyolo.engine import benchmark_formats
+
+def exporting(model, fmt, folder, *args, **kwargs):  # an export in progress: 1 MiB written, then waiting
+    (Path(folder) / "artifact.bin").write_bytes(bytes(1 << 20))
+    print("exporting into", folder, flush=True)
+    time.sleep(60)
+
+benchmark_formats._export_row = exporting
+from libreyolo.cli import main
+sys.exit(main(["benchmark", "model=LibreYOLO9t.yaml", "formats=onnx", "imgsz=64", "n=1", "cuda_graph=false"]))
+"""
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_a_signal_during_benchmark_removes_its_temporary_folder(tmp_path, sig, code):
+    import selectors
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", BENCH], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            assert sel.select(timeout=TIMEOUT), "benchmark did not start exporting in time"
+        line = proc.stdout.readline()
+        assert "exporting into" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        folder = Path(line.split("exporting into", 1)[1].strip())
+        assert folder.parent == tmp_path and (folder / "artifact.bin").is_file()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not folder.exists() and not list(tmp_path.glob("libreyolo-benchmark-*"))
+
+
+# --- output paths are checked before the work ------------------------------------------------
+@pytest.mark.parametrize("command", [["benchmark", "model=LibreYOLO9t.yaml"],
+                                     ["compare", "model=a.pt", "artifact=b.onnx"]])
+def test_json_naming_a_folder_is_refused_before_any_work(tmp_path, command, capsys):
+    from libreyolo.cli import main
+
+    rc = main([*command, f"json={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "is an existing folder" in err, (rc, err)
+    rc = main([*command, f"json={tmp_path / 'missing' / 'r.json'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "does not exist" in err, (rc, err)
