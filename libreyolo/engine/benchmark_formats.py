@@ -252,6 +252,10 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
     from libreyolo.export.base import FORMATS, get_exporter
 
     floor, int8, max_drop = _check(batch, n, floor, workers, int8, data, max_drop)
+    if data:  # another task's dataset is an error naming both, before any timing or export
+        from libreyolo.tasks import check_data_task
+
+        check_data_task(model.task, data)
     imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
     frames = _frames(batch)
     if not hasattr(model, "export"):  # an artifact: its own row, nothing to export

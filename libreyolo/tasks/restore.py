@@ -159,6 +159,15 @@ class Restore(Task):
         return {"image": payload.data}
 
     # --- val ---------------------------------------------------------------------------------
+    def claims_data(self, data: Any) -> str | None:
+        from libreyolo.data.sources import IMAGE_SUFFIXES
+
+        root = Path(data)
+        if not root.is_dir():
+            return None
+        found = next((p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()), None)
+        return "a folder of images (high-resolution ground truth)" if found is not None else None
+
     def load_data(self, data: Any) -> Any:
         from libreyolo.train.restore_data import load_restore_folder
 

@@ -17,7 +17,7 @@ import torch
 
 from libreyolo.options import Opt, as_ids
 from libreyolo.tasks import register_task
-from libreyolo.tasks.base import Task, TaskOptions
+from libreyolo.tasks.base import PROBE_IMAGES, Task, TaskOptions
 
 IGNORE = 255  # the class id of pixels that belong to no class (masks), never predicted
 
@@ -140,6 +140,14 @@ class Semantic(Task):
         return {"mask": payload.data}
 
     # --- training and val ------------------------------------------------------------------
+    def claims_data(self, data: Any) -> str | None:
+        from libreyolo.train.semantic_data import load_semantic_yaml, mask_path
+
+        cfg = load_semantic_yaml(data)
+        probe = cfg.val[:PROBE_IMAGES]
+        n = sum(m is not None and m.is_file() for m in (mask_path(p, cfg.masks_dir) for p in probe))
+        return f"{n} of its first {len(probe)} val images have masks under {cfg.masks_dir}/" if n else None
+
     def load_data(self, data: Any) -> Any:
         from libreyolo.train.semantic_data import load_semantic_yaml
 
