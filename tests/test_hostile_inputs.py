@@ -141,3 +141,93 @@ def test_a_meta_tensor_says_it_holds_no_pixels(detector):
     with pytest.raises(ImageError, match="a meta tensor has a shape but no pixels") as err:
         detector.predict(torch.empty(3, 48, 64, device="meta"), imgsz=IMG)
     assert len(str(err.value).splitlines()) == 1
+
+
+# --- SwinIR: what a forward costs, and tile_pad against tile --------------------------------------
+@pytest.fixture(scope="module")
+def swinir():
+    return LibreYOLO("LibreSwinIRs.yaml")
+
+
+def test_an_untiled_image_too_large_for_free_memory_is_refused_before_the_forward(swinir, monkeypatch):
+    from libreyolo.engine import predictor
+    from libreyolo.utils import checks
+
+    def no_forward(*a, **k):
+        raise AssertionError("the forward ran")
+
+    monkeypatch.setattr(checks, "free_memory", lambda device: 1 << 30)  # 1 GiB free, whatever the machine has
+    monkeypatch.setattr(predictor.Predictor, "_forward", no_forward)
+    with pytest.raises(ArgumentError, match=r"1x3x512x512 batch needs about 3\.3 GiB \(estimated\), more than the "
+                                            r"1\.0 GiB free on cpu; pass tile=256") as err:
+        swinir.predict(np.zeros((512, 512, 3), np.uint8))
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_a_tiled_forward_is_estimated_per_tile(swinir):
+    family, per_pixel = swinir.family, swinir.family.bytes_per_pixel["s"]
+    shape = (1, 3, 3000, 3000)
+    assert family.forward_bytes("s", shape, {"tile": 256, "tile_pad": 32}) == 320 * 320 * per_pixel
+    assert family.forward_bytes("s", shape, {"tile": None}) == 3000 * 3000 * per_pixel
+    assert LibreYOLO("LibreYOLO9t.yaml").family.forward_bytes("t", shape) is None  # fixed-size input: its budget
+
+
+@pytest.mark.parametrize("tile, pad", [(16, 32), (64, 64), (8, 8)])
+def test_tile_pad_not_smaller_than_tile_is_refused_where_declared(swinir, tile, pad):
+    with pytest.raises(ArgumentError, match=f"tile_pad={pad} must be smaller than tile={tile}"):
+        swinir.predict_options(tile=tile, tile_pad=pad)
+    code, err = _cli(["predict", "model=LibreSwinIRs.yaml", f"tile={tile}", f"tile_pad={pad}"])
+    assert code == 2 and len(err.splitlines()) == 1 and "must be smaller than tile" in err, err
+
+
+def test_tile_pad_smaller_than_tile_is_accepted(swinir):
+    assert swinir.predict_options(tile=64, tile_pad=56) == {"tile": 64, "tile_pad": 56}
+
+
+# --- the Triton client on a port that accepts and never answers -----------------------------------
+@pytest.fixture
+def silent_port():
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():  # accept every connection, read nothing, answer nothing
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+@pytest.mark.parametrize("scheme, kw, limit", [("grpc", {"timeout": 1}, 8), ("http", {"timeout": 1}, 8),
+                                               ("http", {}, 15)])
+def test_a_port_that_never_answers_fails_in_seconds_with_one_line(silent_port, scheme, kw, limit):
+    import time
+
+    pytest.importorskip(f"tritonclient.{scheme}")
+    from libreyolo.runtimes.base import RuntimeUnavailableError
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeUnavailableError, match="no answer from 127.0.0.1") as err:
+        LibreYOLO(f"{scheme}://127.0.0.1:{silent_port}/yolo", **kw)
+    assert time.monotonic() - start < limit  # before: 20 s (grpc) and 60 s (http)
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_bad_timeouts_are_refused():
+    with pytest.raises(ArgumentError, match="timeout must be a number in \\(0, 3600\\]"):
+        LibreYOLO("grpc://127.0.0.1:1/yolo", timeout=0)

@@ -147,7 +147,12 @@ class Restore(Task):
             raise ArgumentError(f"image restoration takes no predict options other than "
                                 f"{', '.join(self.options)}; got {', '.join(map(repr, foreign))}: remove them "
                                 "(an image is restored at its own size, with nothing to threshold or select)")
-        return super().predict_options(given)
+        opts = super().predict_options(given)
+        if opts.tile and opts.tile_pad >= opts.tile:
+            raise ArgumentError(f"tile_pad={opts.tile_pad} must be smaller than tile={opts.tile}: each tile is run "
+                                f"with tile_pad pixels of context on every side, so the context would cost more than "
+                                f"the tile itself; pass tile_pad<={opts.tile - TILE_MULTIPLE} or a larger tile")
+        return opts
 
     def check_options(self, opts: TaskOptions, *, nc: int) -> None:
         return None
