@@ -231,3 +231,34 @@ def test_a_port_that_never_answers_fails_in_seconds_with_one_line(silent_port, s
 def test_bad_timeouts_are_refused():
     with pytest.raises(ArgumentError, match="timeout must be a number in \\(0, 3600\\]"):
         LibreYOLO("grpc://127.0.0.1:1/yolo", timeout=0)
+
+
+# --- a quantized checkpoint is complete or refused ----------------------------------------------
+@pytest.fixture(scope="module")
+def quantized(detector, datasets, tmp_path_factory):
+    import copy
+
+    path = tmp_path_factory.mktemp("quant") / "q.pt"
+    model = copy.deepcopy(detector)
+    model.imgsz = IMG  # calibrate at 64 pixels: cheap
+    model.quantize(data=str(datasets["detect"]), samples=2).save(path)
+    return path
+
+
+@pytest.mark.parametrize("cut", ["half", "empty"])
+def test_a_quantized_checkpoint_whose_layers_were_cut_is_refused_in_one_line(quantized, tmp_path, cut):
+    from libreyolo.errors import CheckpointError
+
+    ckpt = torch.load(quantized, weights_only=True)
+    layers = ckpt["quantization"]["layers"]
+    keep = list(layers)[: len(layers) // 2] if cut == "half" else []
+    ckpt["quantization"]["layers"] = {k: layers[k] for k in keep}
+    path = tmp_path / "cut.pt"
+    torch.save(ckpt, path)
+    with pytest.raises(CheckpointError, match=r"'quantization' entry is incomplete: \d+ Conv2d/Linear") as err:
+        LibreYOLO(path)
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_a_complete_quantized_checkpoint_still_loads(quantized):
+    assert LibreYOLO(quantized).is_quantized
