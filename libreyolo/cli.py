@@ -12,7 +12,7 @@ from typing import Any
 from libreyolo.engine.options import BENCH_OPTIONS, COMPILE_OPTION, PREDICT_OPTIONS
 from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
-from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
+from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, as_output_file, imgsz_opt
 from libreyolo.quant.options import QUANT_OPTIONS
 from libreyolo.serve.cli import SERVE_OPTS, cmd_serve
 from libreyolo.tasks import all_task_options
@@ -160,7 +160,7 @@ BENCH_OPTS: dict[str, Opt] = {
     "data": Opt(str, None, "the task's dataset (a YAML; an image-folder root for classify) for the metric column "
                 "(mAP50-95, top-1, mIoU)"),
     "floor": BENCH_OPTIONS["floor"],
-    "json": Opt(str, None, "also write the table as JSON to this path"),
+    "json": Opt(as_output_file, None, "also write the table as JSON to this path"),
     "save_dir": Opt(str, None, "keep the exported artifacts in this folder (unset: a temporary one, removed)"),
     **{k: BENCH_OPTIONS[k] for k in ("device", "imgsz", "batch", "n", "workers", "half", "int8", "max_drop",
                                          "cuda_graph")},
@@ -176,11 +176,6 @@ def cmd_benchmark(args: dict[str, Any]) -> int:
 
     if not args["model"]:
         raise UsageError("benchmark needs model=<checkpoint|architecture>, e.g. model=LibreYOLO9t.pt")
-    if args["json"] is not None:
-        from pathlib import Path
-
-        if not Path(args["json"]).expanduser().absolute().parent.is_dir():
-            raise UsageError(f"json: the folder of {args['json']} does not exist")
     device = args["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     model = LibreYOLO(args["model"], device=device)
     result = benchmark_formats(model, formats=args["formats"], data=args["data"], imgsz=args["imgsz"],
@@ -250,7 +245,7 @@ COMPARE_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) the artifact should come from"),
     "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine)"),
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
-    "json": Opt(str, None, "also write the report as JSON to this path"),
+    "json": Opt(as_output_file, None, "also write the report as JSON to this path"),
     "data": Opt(str, None, "INT8 artifacts: the dataset the export calibrated on (rebuilds the quantized reference)"),
 }
 

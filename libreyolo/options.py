@@ -201,6 +201,26 @@ def as_graph_mode(name: str, value: Any) -> bool | str:
         raise ArgumentError(f"{name} must be False, True or 'auto', got {_show(value)}") from None
 
 
+@_converter("a file path in an existing, writable folder (not a folder itself)")
+def as_output_file(name: str, value: Any) -> str:
+    """A path a command will write a file to, checked before any work: not an existing folder,
+    its folder existing and writable (the write itself is atomic: ``checkpoint.atomic_write``)."""
+    import os
+    from pathlib import Path
+
+    text = Opt(str, None, "")._str(name, value)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise ArgumentError(f"{name}={text!r} is an existing folder; pass a file path such as {text.rstrip('/')}/"
+                            "result.json")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise ArgumentError(f"{name}: the folder {parent} of {text!r} does not exist; create it or pass another path")
+    if not os.access(parent, os.W_OK):
+        raise ArgumentError(f"{name}: the folder {parent} of {text!r} is not writable; pass another path")
+    return text
+
+
 # the torch.compile modes LibreYOLO(..., compile=<mode>) takes (libreyolo.engine.compiled)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

@@ -77,9 +77,12 @@ def _pil_to_rgb_array(img: Any, where: str) -> np.ndarray:
         arr = np.asarray(img, dtype=np.float64)
         peak = 65535.0 if arr.max(initial=0) > 255 else 255.0
         img = Image.fromarray(np.clip(arr / peak * 255.0 + 0.5, 0, 255).astype(np.uint8))
-    if img.mode == "F":
+    if img.mode == "F":  # a float file has no dtype to say its scale: [0, 1] or 0..255, finite, else refused
         arr = np.asarray(img, dtype=np.float64)
-        img = Image.fromarray(np.clip(arr * (255.0 if arr.max(initial=0) <= 1 else 1.0), 0, 255).astype(np.uint8))
+        lo, hi = float(arr.min()), float(arr.max())
+        scale = 255.0 if hi <= 1 else 1.0
+        check_float_range(lo * scale / 255.0, hi * scale / 255.0, where, arr)
+        img = Image.fromarray((arr * scale + 0.5).astype(np.uint8))
     if img.mode != "RGB":
         img = img.convert("RGBA").convert("RGB") if img.mode in ("P", "LA", "PA") else img.convert("RGB")
     return np.asarray(img)
@@ -182,14 +185,29 @@ def _decode(f: Any, where: str) -> np.ndarray:
         raise ImageError(f"cannot read image {where}: the file is corrupt or not an image ({text})") from None
 
 
-def check_pixels(width: int, height: int, where: str) -> None:
-    """Refuse an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (a decompression bomb), before decoding."""
+def check_pixels(width: int, height: int, where: str, action: str = "decode") -> None:
+    """Refuse an image larger than ``PIL.Image.MAX_IMAGE_PIXELS`` (a decompression bomb), before
+    decoding a file; the same limit holds for arrays and tensors (``action="take"``)."""
     from PIL import Image
 
     limit = Image.MAX_IMAGE_PIXELS
     if limit and width * height > limit:
+        what = "a small file this large is a decompression bomb" if action == "decode" else "the limit of every input"
         raise ImageError(
-            f"refusing to decode {where}: {width}x{height} is {width * height:,} pixels, over the limit of "
-            f"{limit:,} (PIL.Image.MAX_IMAGE_PIXELS; a small file this large is a decompression bomb). If you "
-            "trust this file, raise the limit first: PIL.Image.MAX_IMAGE_PIXELS = <pixels> (None disables it)"
+            f"refusing to {action} {where}: {width}x{height} is {width * height:,} pixels, over the limit of "
+            f"{limit:,} (PIL.Image.MAX_IMAGE_PIXELS; {what}). If you trust this "
+            f"{'file' if action == 'decode' else 'image'}, raise the limit first: PIL.Image.MAX_IMAGE_PIXELS = "
+            "<pixels> (None disables it)"
         )
+
+
+def check_float_range(lo: float, hi: float, where: str, values: Any) -> None:
+    """Float pixels must be finite and in [0, 1]; anything else is refused, never clipped (a
+    0..255 float image clipped to [0, 1] is nearly white, and NaN would become 0 without a word)."""
+    if lo >= 0.0 and hi <= 1.0:  # False for NaN
+        return
+    if not bool(values.isfinite().all() if isinstance(values, torch.Tensor) else np.isfinite(values).all()):
+        raise ImageError(f"{where}: the float image holds NaN or Inf; pass finite pixels in [0, 1] (or uint8 0..255)")
+    hint = ("it looks like 0..255 values: divide by 255 (or pass uint8)" if lo >= 0.0 and hi <= 255.0
+            else "scale it to [0, 1] (or pass uint8 0..255)")
+    raise ImageError(f"{where}: float pixels must be in [0, 1], got values from {lo:g} to {hi:g}; {hint}")

@@ -34,7 +34,8 @@ from libreyolo.data.images import (  # image files and their decoding (device_de
     _check_file,
     _pil_to_rgb_array,
     _stat,
-    check_pixels,  # noqa: F401 - re-exported: callers read images through this module
+    check_float_range,
+    check_pixels,
     read_image_bytes,  # noqa: F401
     read_image_file,
 )
@@ -57,6 +58,9 @@ def _check_array(arr: np.ndarray, where: str) -> None:
         raise ImageError(f"{where}: expected 1, 3 or 4 channels (HWC), got shape {shape}")
     if arr.dtype not in (np.uint8, np.uint16) and arr.dtype.kind != "f":
         raise ImageError(f"{where}: unsupported array dtype {arr.dtype}; use uint8, uint16 or float in [0, 1]")
+    check_pixels(w, h, where, "take")
+    if arr.dtype.kind == "f":
+        check_float_range(float(arr.min()), float(arr.max()), where, arr)
 
 
 def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> tuple[np.ndarray, bool]:
@@ -68,7 +72,7 @@ def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> tuple[np.nd
     if arr.dtype == np.uint16:
         arr = (arr.astype(np.float32) / 257.0 + 0.5).astype(np.uint8)
     elif arr.dtype.kind == "f":
-        arr = (np.clip(arr, 0, 1) * 255.0 + 0.5).astype(np.uint8)
+        arr = (arr * 255.0 + 0.5).astype(np.uint8)  # in [0, 1]: _check_array refused anything else
     if c == 1:
         return np.repeat(arr, 3, axis=2), False
     if c == 4:
@@ -77,7 +81,11 @@ def _array_to_rgb(arr: np.ndarray, color_format: str, where: str) -> tuple[np.nd
 
 
 def _tensor_images(t: torch.Tensor, where: str) -> list[torch.Tensor]:
-    """The images of a CHW/NCHW tensor as views, after checking shape and dtype (no conversion)."""
+    """The images of a CHW/NCHW tensor as views, after checking shape, dtype, size and (float) the
+    range of its values: one reduction over the whole tensor, on its device (no conversion)."""
+    if t.is_meta:
+        raise ImageError(f"{where}: a meta tensor has a shape but no pixels (made on device='meta'); pass a tensor "
+                         "holding the image, e.g. torch.from_numpy(array) or one made on 'cpu' or 'cuda'")
     if t.ndim == 3:
         t = t.unsqueeze(0)
     if t.ndim != 4 or t.shape[1] not in (1, 3):
@@ -86,12 +94,14 @@ def _tensor_images(t: torch.Tensor, where: str) -> list[torch.Tensor]:
         raise ImageError(f"{where}: the image has zero size {tuple(t.shape)}")
     if not t.is_floating_point() and t.dtype != torch.uint8:
         raise ImageError(f"{where}: tensor dtype {t.dtype} unsupported; use uint8 or float in [0, 1]")
+    check_pixels(t.shape[-1], t.shape[-2], where, "take")
+    if t.is_floating_point():
+        lo, hi = torch.aminmax(t.detach())
+        check_float_range(float(lo), float(hi), where, t.detach())
     return list(t.unbind(0))
 
 
-def _tensor_source(t: torch.Tensor) -> SourceImage:
-    if t.is_floating_point():
-        t = t.clamp(0, 1)
+def _tensor_source(t: torch.Tensor) -> SourceImage:  # float values were checked in [0, 1] by _tensor_images
     if t.shape[0] == 1:
         t = t.expand(3, -1, -1)
     return SourceImage(t, None, None, hwc=False)

@@ -35,6 +35,7 @@ import torch
 
 from libreyolo.errors import ArgumentError, LibreYOLOError
 from libreyolo.utils.log import LOGGER
+from libreyolo.utils.tempfiles import TempGuard
 
 EAGER, CUDA_GRAPH = "eager", "cuda_graph"
 INT8_SUFFIX = "-int8"
@@ -251,6 +252,10 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
     from libreyolo.export.base import FORMATS, get_exporter
 
     floor, int8, max_drop = _check(batch, n, floor, workers, int8, data, max_drop)
+    if data:  # another task's dataset is an error naming both, before any timing or export
+        from libreyolo.tasks import check_data_task
+
+        check_data_task(model.task, data)
     imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
     frames = _frames(batch)
     if not hasattr(model, "export"):  # an artifact: its own row, nothing to export
@@ -284,10 +289,35 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
     chosen = ([f for f in FORMATS if get_exporter(f).benchmarked] if formats is None
               else (parse_formats(formats) or []))  # aliases: pte, pt2, ...
     keep = save_dir is not None
-    folder = Path(save_dir) if keep else Path(tempfile.mkdtemp(prefix="libreyolo-benchmark-"))
-    if keep:
-        folder.mkdir(parents=True, exist_ok=True)
     reports: list[dict[str, Any]] = []
+    # the temporary folder goes on every way out: an exception or Ctrl-C (finally), SIGTERM/SIGHUP
+    # (the guard's handler removes it, then the process dies of the signal as before)
+    with TempGuard() as guard:
+        folder = Path(save_dir) if keep else guard.add(tempfile.mkdtemp(prefix="libreyolo-benchmark-"))
+        if keep:
+            folder.mkdir(parents=True, exist_ok=True)
+        _export_rows(model, chosen, folder, rows, reports, frames, keep=keep, imgsz=imgsz, batch=batch, half=half,
+                     n=n, data=data, workers=workers, int8=int8, max_drop=max_drop)
+    eager.float64_error = next((r["eager_float64_error"] for r in reports if r.get("eager_float64_error") is not None),
+                               None)
+    if eager.metric is not None:
+        for row in rows[1:]:
+            if row.format.endswith(INT8_SUFFIX):  # the export's accuracy gate (max_drop) is its allowance
+                continue
+            if row.metric is not None and row.metric < eager.metric - floor:
+                row.status = "below floor"
+                row.reason = (f"{_metric_name(model)} {row.metric:.4f} < eager {eager.metric:.4f} - floor {floor:g}")
+    name = Path(model.source).name if getattr(model, "source", None) else f"{model.family.name}-{model.size}"
+    return BenchmarkResult(name, model.task, str(model.device), imgsz, batch, n, data, floor, _metric_name(model),
+                           rows, str(folder) if keep else None)
+
+
+def _export_rows(model: Any, chosen: list[str], folder: Path, rows: list[Row], reports: list[dict[str, Any]],
+                 frames: list[np.ndarray], *, keep: bool, imgsz: int, batch: int, half: bool, n: int, data: Any,
+                 workers: int, int8: bool, max_drop: Any) -> None:
+    """One row per chosen format (and its INT8 row), exported into ``folder`` (removed unless ``keep``)."""
+    from libreyolo.export.base import get_exporter
+
     try:
         for fmt, quantized in [(f, q) for f in chosen for q in (False, True)
                                if not q or (int8 and get_exporter(f).int8_mode != "no")]:
@@ -306,18 +336,6 @@ def benchmark_formats(model: Any, *, formats: list[str] | None = None, data: str
     finally:
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
-    eager.float64_error = next((r["eager_float64_error"] for r in reports if r.get("eager_float64_error") is not None),
-                               None)
-    if eager.metric is not None:
-        for row in rows[1:]:
-            if row.format.endswith(INT8_SUFFIX):  # the export's accuracy gate (max_drop) is its allowance
-                continue
-            if row.metric is not None and row.metric < eager.metric - floor:
-                row.status = "below floor"
-                row.reason = (f"{_metric_name(model)} {row.metric:.4f} < eager {eager.metric:.4f} - floor {floor:g}")
-    name = Path(model.source).name if getattr(model, "source", None) else f"{model.family.name}-{model.size}"
-    return BenchmarkResult(name, model.task, str(model.device), imgsz, batch, n, data, floor, _metric_name(model),
-                           rows, str(folder) if keep else None)
 
 
 def _artifact_only(model: Any, formats: list[str] | None, frames: list[np.ndarray], *, data: str | None, imgsz: int,

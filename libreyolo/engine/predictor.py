@@ -27,8 +27,8 @@ from libreyolo.engine.stream import (
 from libreyolo.errors import ArgumentError, ImageError
 from libreyolo.models.base import Family
 from libreyolo.results import Results, make_results
+from libreyolo.utils.checks import check_forward_memory, resolve_device
 from libreyolo.utils.checks import check_stride_imgsz as check_imgsz  # noqa: F401 - its old home
-from libreyolo.utils.checks import resolve_device
 from libreyolo.utils.log import LOGGER, want_info
 
 _POOL_LOCK = threading.Lock()
@@ -81,6 +81,10 @@ class Predictor:
         Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
         run both stages as one CUDA graph (:class:`libreyolo.engine.pipeline.PipelineGraphs`).
         """
+        need = self.family.forward_bytes(self.size, tuple(batch.shape), opts)
+        if need is not None:
+            check_forward_memory(need, batch.device, tuple(batch.shape), "pass tile=256 (tiled inference, "
+                                 "see docs/hostile-inputs.md) or a smaller image")
         outputs = self.family.run_network(lambda x: self._forward(x, cuda_graph=cuda_graph), batch, opts)
         clock.mark()
         return self.family.postprocess_later(outputs, metas, opts)

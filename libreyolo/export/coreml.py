@@ -19,7 +19,6 @@ there the weight-only package is not compared with quantize()'s int8-activation 
 """
 from __future__ import annotations
 
-import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 
 from libreyolo.errors import ArgumentError, require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.utils.tempfiles import replace_folder
 
 EXTRA = "coreml"
 NOT_ON_THIS_OS = "CoreML runs only on macOS"
@@ -131,8 +131,7 @@ class CoreMLExporter(Exporter):
         mlmodel.version = meta["versions"]["libreyolo"]
         fresh = path.with_name("with-metadata-" + path.name)
         mlmodel.save(str(fresh))
-        shutil.rmtree(path)
-        fresh.rename(path)
+        replace_folder(fresh, path)
 
     def content_sha256(self, path: Path) -> str:
         from libreyolo.export.metadata import mlpackage_content_sha256

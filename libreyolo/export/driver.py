@@ -36,7 +36,7 @@ from libreyolo.export.nms import DEFAULTS as NMS_DEFAULTS
 from libreyolo.export.report import ExportReport, ValidationReport
 from libreyolo.utils.checks import check_batch, nonfinite_keys, parse_bool, resolve_device
 from libreyolo.utils.log import LOGGER, want_info
-from libreyolo.utils.tempfiles import TempGuard
+from libreyolo.utils.tempfiles import TempGuard, recover_folder, replace_folder
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -153,8 +153,10 @@ def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: Expor
 def _install(exporter: Exporter, built: Path, final: Path) -> None:
     """Move the built artifact (and its companions first) onto ``final``; all or nothing.
 
-    A folder that replaces an older one moves the old one into the build folder first (never a
-    second name next to ``final``, where a server polling the folder could see it)."""
+    A folder goes through :func:`libreyolo.utils.tempfiles.replace_folder`: an older folder at
+    ``final`` is removed only once the new one is in place, at every signal point; between the two
+    renames it waits in the exporter's work parent (never a second name next to ``final`` where a
+    server polling the folder could see it, unless the work parent is that folder)."""
     moved: list[Path] = []
     created = not final.parent.exists()  # a Triton repository made by this export
     try:
@@ -164,24 +166,13 @@ def _install(exporter: Exporter, built: Path, final: Path) -> None:
             os.replace(comp, target)
             moved.append(target)
         if built.is_dir():
-            old = None
-            if final.exists():
-                old = built.with_name(f".{final.name}.old-{os.getpid()}")
-                os.replace(final, old)
-            try:
-                os.replace(built, final)
-            except BaseException:
-                if old is not None:
-                    os.replace(old, final)
-                raise
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            replace_folder(built, final, aside_dir=exporter.work_parent(final))
         else:
             os.replace(built, final)
     except BaseException:
         for target in moved:
             target.unlink(missing_ok=True)
-        if created:
+        if created and not final.exists():
             shutil.rmtree(final.parent, ignore_errors=True)
         raise
 
@@ -260,6 +251,8 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                     data=checked["data"], max_drop=checked["max_drop"],
                     format_options={k: checked[k] for k in FORMAT_OPTIONS})
     final = exporter.resolve_output(model, output, name)
+    if exporter.is_directory:  # a swap a hard kill interrupted is finished first (the old folder back)
+        recover_folder(final, exporter.work_parent(final))
     if opts.int8:
         from libreyolo.export import int8 as int8_export
 

@@ -224,6 +224,13 @@ class Family:
         preds = self.postprocess(outputs, metas, opts, **kw)
         return lambda: preds
 
+    def forward_bytes(self, size: str, shape: tuple[int, ...], opts: Any = None) -> int | None:
+        """Estimated peak memory (bytes) of :meth:`run_network` on a batch of ``shape`` under
+        ``opts``, checked against the device's free memory before the forward
+        (:func:`libreyolo.utils.checks.check_forward_memory`). None: not estimated (the input
+        budget, :data:`libreyolo.options.MAX_INPUT_PIXELS`, bounds a fixed-size network)."""
+        return None
+
     def run_network(self, forward: Any, batch: torch.Tensor, opts: Any = None) -> dict[str, torch.Tensor]:
         """The named outputs of ``forward`` (a batch tensor in, named outputs out: the eager copy, a
         graph replay or an artifact's runtime) for one preprocessed ``batch``, under the call's task

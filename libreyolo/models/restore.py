@@ -80,6 +80,22 @@ class RestoreFamily(Family):
     def export_outputs(self, outputs: Any) -> tuple[torch.Tensor, ...]:
         return (outputs["image"] if isinstance(outputs, dict) else outputs,)
 
+    # peak bytes of one eager float32 forward per input pixel, per size (measured; 0: not estimated)
+    bytes_per_pixel: ClassVar[dict[str, int]] = {}
+
+    def forward_bytes(self, size: str, shape: tuple[int, ...], opts: Any = None) -> int | None:
+        """An image is restored at its own size, so its memory grows with its pixels: untiled, the
+        whole padded batch; tiled, one tile with its context at a time."""
+        per_pixel = self.bytes_per_pixel.get(size)
+        if not per_pixel:
+            return None
+        b, h, w = int(shape[0]), int(shape[-2]), int(shape[-1])
+        tile = opts.get("tile") if opts is not None else None
+        if tile:
+            side = tile + 2 * int(opts.get("tile_pad") or 0)
+            h, w = min(h, side), min(w, side)
+        return b * h * w * per_pixel
+
     def run_network(self, forward: Any, batch: torch.Tensor, opts: Any = None) -> dict[str, torch.Tensor]:
         """The restored batch, whole or tile by tile (``opts.tile``; None: one forward).
 

@@ -176,6 +176,16 @@ def from_entry(net: nn.Module, entry: Any, where: str) -> dict[str, Any]:
         raise CheckpointError(f"{where}: 'quantization' entry has recipe {recipe!r} (known: {', '.join(RECIPES)}) "
                               "or no 'layers' mapping")
     modules = dict(net.named_modules())
+    excluded = {e["name"]: e["reason"] for e in entry.get("excluded", []) if isinstance(e, dict) and "name" in e}
+    # complete: quantize() puts every Conv2d/Linear in 'layers' or 'excluded', so one in neither
+    # means the entry was cut or emptied (the model would load with float layers believed INT8)
+    missing = [n for n, m in modules.items() if isinstance(m, (nn.Conv2d, nn.Linear))
+               and n not in layers and n not in excluded]
+    if missing:
+        raise CheckpointError(f"{where}: the 'quantization' entry is incomplete: {len(missing)} Conv2d/Linear "
+                              f"layer(s) of the network are neither in its 'layers' ({len(layers)} entries) nor "
+                              f"excluded, e.g. {missing[0]!r}; it was cut or edited. Quantize the model again "
+                              "(model.quantize(data=...)) and save it")
     for name, spec in layers.items():
         module = modules.get(name)
         if type(module) not in _SIMULATED:
@@ -193,5 +203,4 @@ def from_entry(net: nn.Module, entry: Any, where: str) -> dict[str, Any]:
             raise CheckpointError(f"{where}: layer {name!r} has input zero point {zero_point!r}; it must be an "
                                   f"integer from {int(low)} to {int(high)}")
         apply(module, recipe, InputQuant(float(scale), zero_point), ws.float().reshape(want))
-    excluded = {e["name"]: e["reason"] for e in entry.get("excluded", []) if isinstance(e, dict)}
     return {"recipe": recipe, "method": entry.get("method"), "samples": entry.get("samples"), "excluded": excluded}

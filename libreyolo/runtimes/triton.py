@@ -24,6 +24,7 @@ import torch
 
 from libreyolo.errors import ArgumentError, CheckpointError, require
 from libreyolo.export.metadata import check_integrity, decode
+from libreyolo.options import Opt
 from libreyolo.runtimes.base import ArtifactPredictor, RuntimeUnavailableError, check_graph, check_metadata
 from libreyolo.utils.checks import parse_bool, resolve_device
 
@@ -31,6 +32,13 @@ EXTRA = "triton"
 SCHEMES = {"grpc": "grpc", "http": "http", "https": "http"}  # URL scheme -> tritonclient protocol module
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# seconds: the first calls (model config and metadata, the health check) and each inference call
+TIMEOUT_OPTIONS = {
+    "timeout": Opt(float, 5.0, "seconds to wait for the Triton server's first answers (model config and metadata) "
+                   "when opening a model URL", min=0.0, min_open=True, max=3600.0, unit="seconds"),
+    "infer_timeout": Opt(float, 60.0, "seconds to wait for each inference answer of a Triton server", min=0.0,
+                         min_open=True, max=86400.0, unit="seconds"),
+}
 _FORM = "grpc://host:port/model_name (e.g. grpc://localhost:8001/yolo9t) or http://host:port/model_name"
 
 
@@ -92,10 +100,12 @@ class TritonPredictor(ArtifactPredictor):
     format = "triton"
 
     def __init__(self, address: TritonAddress, meta: dict[str, Any], client: Any, protocol: Any,
-                 config: dict[str, Any], *, headers: dict[str, str] | None = None) -> None:
+                 config: dict[str, Any], *, headers: dict[str, str] | None = None,
+                 call_timeout: dict[str, float] | None = None) -> None:
         super().__init__(Path(address.model), meta)
         self.address, self.client, self.config = address, client, config
         self._protocol, self._headers = protocol, headers
+        self._call_timeout = call_timeout or {}  # grpc: client_timeout per call (http: set on the client)
         self.max_batch = int(config.get("max_batch_size", 0))
         # outputs whose served dims differ from the model's ((batch,) is served as (batch, 1))
         self._reshape = {o["name"]: [int(d) for d in o["reshape"].get("shape", [])]
@@ -120,8 +130,13 @@ class TritonPredictor(ArtifactPredictor):
         request.set_data_from_numpy(data)
         wanted = [self._protocol.InferRequestedOutput(name) for name in self.output_names]
         try:
-            result = self.client.infer(self.address.model, [request], outputs=wanted, headers=self._headers)
+            result = self.client.infer(self.address.model, [request], outputs=wanted, headers=self._headers,
+                                       **self._call_timeout)
         except Exception as exc:  # tritonclient's InferenceServerException, connection errors
+            if _timed_out(exc):
+                raise RuntimeUnavailableError(f"Triton inference on {self.address} got no answer in time "
+                                              f"(infer_timeout); the server is overloaded or stuck: pass a larger "
+                                              "infer_timeout= or check the server") from None
             raise RuntimeUnavailableError(f"Triton inference on {self.address} failed: {exc}") from exc
         outs = []
         for name in self.output_names:
@@ -138,10 +153,21 @@ class TritonPredictor(ArtifactPredictor):
         return {**super().info(), "path": str(self.address), "max_batch_size": self.max_batch}
 
 
-def _call(what: str, address: TritonAddress, fn: Any, *args: Any, **kw: Any) -> Any:
+def _timed_out(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "timeout" in text or "timed out" in text or "deadline" in text
+
+
+def _call(what: str, address: TritonAddress, fn: Any, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
     try:
         return fn(*args, **kw)
     except Exception as exc:  # the server's error (model not found, not ready) or no connection
+        if _timed_out(exc):
+            raise RuntimeUnavailableError(
+                f"no answer from {address.server} within {timeout:g} s when reading the {what} of "
+                f"{address.model!r}: something accepts connections on that port but does not answer as a Triton "
+                f"{address.scheme} server; check the port and protocol (gRPC 8001, HTTP 8000), or pass a larger "
+                "timeout=") from None
         raise RuntimeUnavailableError(
             f"cannot read the {what} of {address} from Triton: {exc}. Is the server running with the model loaded "
             f"(tritonserver --model-repository=<folder holding {address.model}/>), on that port and protocol?"
@@ -159,18 +185,34 @@ def _shapes(tensors: list[dict[str, Any]], reshape: dict[str, list[int]]) -> dic
     return out
 
 
-def open_server(url: str, *, verify: bool = True, client: Any = None,
-                headers: dict[str, str] | None = None) -> TritonPredictor:
-    """Open a model on a Triton server; ``client`` replaces the client made from the URL (TLS, auth)."""
+def open_server(url: str, *, verify: bool = True, client: Any = None, headers: dict[str, str] | None = None,
+                timeout: float | None = None, infer_timeout: float | None = None) -> TritonPredictor:
+    """Open a model on a Triton server; ``client`` replaces the client made from the URL (TLS, auth).
+    ``timeout`` bounds the wait for the first answers (the model config and metadata: a port that
+    accepts and never answers fails in seconds), ``infer_timeout`` each inference call
+    (:data:`TIMEOUT_OPTIONS`; on HTTP, a ``client=`` of your own keeps its own timeouts)."""
+    timeout = TIMEOUT_OPTIONS["timeout"].check("timeout", 5.0 if timeout is None else timeout)
+    infer_timeout = TIMEOUT_OPTIONS["infer_timeout"].check("infer_timeout",
+                                                           60.0 if infer_timeout is None else infer_timeout)
     address = parse_url(url)
     protocol = require(f"tritonclient.{SCHEMES[address.scheme]}", EXTRA, "a Triton model URL")
+    grpc = address.scheme == "grpc"
+    ssl = {"ssl": True} if address.scheme == "https" else {}
+    probe = client
     if client is None:
-        ssl = {"ssl": True} if address.scheme == "https" else {}
-        client = protocol.InferenceServerClient(url=address.server, **ssl)
-    as_json = {"as_json": True} if address.scheme == "grpc" else {}  # grpc replies are protobufs otherwise
-    config = _call("model config", address, client.get_model_config, address.model, headers=headers, **as_json)
+        if grpc:
+            client = probe = protocol.InferenceServerClient(url=address.server, **ssl)
+        else:  # the HTTP client's timeouts are set per client: a short one for the first answers
+            probe = protocol.InferenceServerClient(url=address.server, connection_timeout=timeout,
+                                                   network_timeout=timeout, **ssl)
+            client = protocol.InferenceServerClient(url=address.server, connection_timeout=timeout,
+                                                    network_timeout=infer_timeout, **ssl)
+    as_json = {"as_json": True, "client_timeout": timeout} if grpc else {}  # grpc replies are protobufs otherwise
+    config = _call("model config", address, probe.get_model_config, address.model, headers=headers,
+                   timeout=timeout, **as_json)
     config = config.get("config", config)  # grpc wraps the config in its response
-    served = _call("model metadata", address, client.get_model_metadata, address.model, headers=headers, **as_json)
+    served = _call("model metadata", address, probe.get_model_metadata, address.model, headers=headers,
+                   timeout=timeout, **as_json)
     where = f"Triton model {address}"
     encoded = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()
                if isinstance(v, dict)}
@@ -187,11 +229,15 @@ def open_server(url: str, *, verify: bool = True, client: Any = None,
             raise CheckpointError(f"{where}: 'input_dtype' is {meta['input_dtype']!r} but the server's input "
                                   f"{t['name']!r} is {t.get('datatype')}; the config parameters do not describe the "
                                   "served model: re-export it")
-    return TritonPredictor(address, meta, client, protocol, config, headers=headers)
+    if probe is not client:
+        probe.close()
+    return TritonPredictor(address, meta, client, protocol, config, headers=headers,
+                           call_timeout={"client_timeout": infer_timeout} if grpc else None)
 
 
 def load(path: str | Path, device: str | torch.device | None = None, *, verify: bool = True, client: Any = None,
-         headers: dict[str, str] | None = None, **kw: Any) -> Any:
+         headers: dict[str, str] | None = None, timeout: float | None = None, infer_timeout: float | None = None,
+         **kw: Any) -> Any:
     """A Triton model URL (:func:`open_server`) or a local Triton model folder (its ``1/model.onnx``
     through ONNX Runtime)."""
     if kw:
@@ -202,9 +248,11 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
         if dev is not None and dev.type != "cpu":
             raise ArgumentError(f"device={str(dev)!r}: a Triton model runs where its server puts it (config "
                                 "instance_group); the client letterboxes and decodes on the CPU, so pass no device")
-        return open_server(str(path), verify=verify, client=client, headers=headers)
-    if client is not None or headers is not None:
-        raise TypeError("client= and headers= apply to Triton model URLs, not to a local model folder")
+        return open_server(str(path), verify=verify, client=client, headers=headers, timeout=timeout,
+                           infer_timeout=infer_timeout)
+    if client is not None or headers is not None or timeout is not None or infer_timeout is not None:
+        raise TypeError("client=, headers=, timeout= and infer_timeout= apply to Triton model URLs, not to a local "
+                        "model folder")
     from libreyolo.export.triton import CONFIG, model_file
     from libreyolo.runtimes import onnx as onnx_runtime
 

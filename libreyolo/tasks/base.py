@@ -36,6 +36,8 @@ from libreyolo.tasks.registry import all_task_options
 if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
     import torch
 
+PROBE_IMAGES = 16  # images Task.claims_data looks at to recognise a dataset's layout
+
 
 class TaskOptions(Mapping):
     """The checked predict options of one call, read by attribute (``opts.conf``) or as a mapping
@@ -169,6 +171,13 @@ class Task:
     def check_data_arg(self, data: Any) -> None:
         if not isinstance(data, (str, bytes)) and not hasattr(data, "__fspath__"):
             raise ArgumentError(f"data must be {self.data_help}, got {data!r}")
+
+    def claims_data(self, data: Any) -> str | None:
+        """If ``data`` is laid out as this task's dataset, a few words saying how (``"its images
+        have masks under masks/"``), else None. Cheap (a few files looked at) and never raises:
+        :func:`libreyolo.tasks.check_data_task` asks every task, so data of another task is an
+        error naming both instead of a metric of 0."""
+        return None
 
     def load_data(self, data: Any) -> Any:
         """The dataset description of ``data`` (a :class:`~libreyolo.train.data.DataConfig`)."""

@@ -35,6 +35,12 @@ class Classify(Task):
         return {"probs": payload.data}
 
     # --- training and val ------------------------------------------------------------------
+    def claims_data(self, data: Any) -> str | None:
+        from libreyolo.train.data import load_classify_root
+
+        cfg = load_classify_root(data)
+        return f"an image-folder root with {cfg.nc} class folders under train/" if cfg.nc else None
+
     def load_data(self, data: Any) -> Any:
         from libreyolo.train.data import load_classify_root
 

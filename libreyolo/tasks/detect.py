@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from libreyolo.errors import ExportError
 from libreyolo.options import MAX_DET, MAX_NMS, Opt, as_ids, fraction
 from libreyolo.tasks import register_task
-from libreyolo.tasks.base import Task, TaskOptions
+from libreyolo.tasks.base import PROBE_IMAGES, Task, TaskOptions
 
 if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
     import torch
@@ -50,6 +50,14 @@ class Detect(Task):
         return self.predict_options({"conf": conf, "iou": opts.iou, "max_det": opts.max_det})
 
     # --- training and val ------------------------------------------------------------------
+    def claims_data(self, data: Any) -> str | None:
+        from libreyolo.train.data import load_data_yaml
+        from libreyolo.train.labels import label_path
+
+        probe = load_data_yaml(data).val[:PROBE_IMAGES]
+        n = sum(label_path(p).is_file() for p in probe)
+        return f"{n} of its first {len(probe)} val images have YOLO .txt labels" if n else None
+
     def load_data(self, data: Any) -> Any:
         from libreyolo.train.data import load_data_yaml
 

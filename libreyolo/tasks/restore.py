@@ -150,7 +150,12 @@ class Restore(Task):
             raise ArgumentError(f"image restoration takes no predict options other than "
                                 f"{', '.join(self.options)}; got {', '.join(map(repr, foreign))}: remove them "
                                 "(an image is restored at its own size, with nothing to threshold or select)")
-        return super().predict_options(given)
+        opts = super().predict_options(given)
+        if opts.tile and opts.tile_pad >= opts.tile:
+            raise ArgumentError(f"tile_pad={opts.tile_pad} must be smaller than tile={opts.tile}: each tile is run "
+                                f"with tile_pad pixels of context on every side, so the context would cost more than "
+                                f"the tile itself; pass tile_pad<={opts.tile - TILE_MULTIPLE} or a larger tile")
+        return opts
 
     def check_options(self, opts: TaskOptions, *, nc: int) -> None:
         return None
@@ -162,6 +167,15 @@ class Restore(Task):
         return {"image": payload.data}
 
     # --- val ---------------------------------------------------------------------------------
+    def claims_data(self, data: Any) -> str | None:
+        from libreyolo.data.sources import IMAGE_SUFFIXES
+
+        root = Path(data)
+        if not root.is_dir():
+            return None
+        found = next((p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()), None)
+        return "a folder of images (high-resolution ground truth)" if found is not None else None
+
     def load_data(self, data: Any) -> Any:
         from libreyolo.train.restore_data import load_restore_folder
 

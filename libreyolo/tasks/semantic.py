@@ -16,7 +16,7 @@ import numpy as np
 
 from libreyolo.options import Opt, as_ids
 from libreyolo.tasks import register_task
-from libreyolo.tasks.base import Task, TaskOptions
+from libreyolo.tasks.base import PROBE_IMAGES, Task, TaskOptions
 
 if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
     import torch
@@ -143,6 +143,14 @@ class Semantic(Task):
         return {"mask": payload.data}
 
     # --- training and val ------------------------------------------------------------------
+    def claims_data(self, data: Any) -> str | None:
+        from libreyolo.train.semantic_data import load_semantic_yaml, mask_path
+
+        cfg = load_semantic_yaml(data)
+        probe = cfg.val[:PROBE_IMAGES]
+        n = sum(m is not None and m.is_file() for m in (mask_path(p, cfg.masks_dir) for p in probe))
+        return f"{n} of its first {len(probe)} val images have masks under {cfg.masks_dir}/" if n else None
+
     def load_data(self, data: Any) -> Any:
         from libreyolo.train.semantic_data import load_semantic_yaml
 

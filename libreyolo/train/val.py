@@ -19,8 +19,9 @@ __all__ = ["load_dataset", "val", "val_dataset"]
 def load_dataset(task: str, data: Any):
     """The dataset description of ``data`` for ``task`` (the task reads it: a detection YAML, a
     classification root, a semantic YAML, ...)."""
-    from libreyolo.tasks import get_task
+    from libreyolo.tasks import check_data_task, get_task
 
+    check_data_task(task, data)  # another task's dataset is an error naming both, not a metric of 0
     return get_task(task).load_data(data)
 
 

@@ -258,3 +258,31 @@ def load_json(text: Any, where: str, error: type[LibreYOLOError], *, max_bytes: 
         return json.loads(text)
     except (ValueError, RecursionError):
         raise error(f"{where} is not valid JSON: {text[:60]!r}") from None
+
+
+def free_memory(device: Any) -> int | None:
+    """Bytes a new allocation can take on ``device`` now (CUDA: free plus PyTorch's cached blocks;
+    CPU: the kernel's MemAvailable), or None where it cannot be known."""
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def check_forward_memory(need: int, device: Any, shape: tuple[int, ...], hint: str) -> None:
+    """Refuse a forward estimated to need more memory than ``device`` has free, in one line,
+    before it runs (instead of a traceback, an OOM kill or swapping for minutes)."""
+    free = free_memory(device)
+    if free is not None and need > free:
+        raise ArgumentError(f"a forward of a {'x'.join(map(str, shape))} batch needs about {need / 2**30:.1f} GiB "
+                            f"(estimated), more than the {free / 2**30:.1f} GiB free on {device}; {hint}")
