@@ -110,3 +110,30 @@ def assert_detections_match(result: Any, d: Path) -> None:
     assert min(a, b) >= MIN_SET_MATCH, (
         f"{d.name}: {len(ours['conf'])} ours vs {len(theirs['conf'])} recorded; matched {a:.3f} / {b:.3f}, "
         f"need {MIN_SET_MATCH}")
+
+
+def gap_conf(conf: np.ndarray, least_rows: int = 20) -> tuple[float, float, int]:
+    """For a recorded top-k prediction (set predictors, one-to-one heads: the top-k comes before the
+    conf filter, so the reference's answer at a higher conf is the recorded rows above it): the middle
+    of the widest gap between consecutive recorded scores that leaves at least ``least_rows``
+    detections above it, as (conf, gap, rows above). No row there is decided by float noise."""
+    s = np.sort(conf)[::-1]
+    gaps = s[least_rows - 1:-1] - s[least_rows:]
+    i = int(np.argmax(gaps)) + least_rows - 1
+    return float((s[i] + s[i + 1]) / 2), float(gaps[i - least_rows + 1]), i + 1
+
+
+def assert_detections_match_above_gap(result_at: Any, d: Path) -> None:
+    """``result_at(conf)`` (a predict call) matches every recorded detection above :func:`gap_conf`'s
+    conf both ways, and no other. The gap must exceed twice the score tolerance: a row within the
+    tolerance of its recorded score then cannot cross the threshold in the gap's middle."""
+    theirs, call = recorded_detections(d)
+    assert "conf=0.01" in call, call
+    conf, gap, rows = gap_conf(theirs["conf"].numpy())
+    assert gap > 2 * SCORE_TOL, f"{d.name}: no clear gap in the recorded scores ({gap:.2g})"
+    keep = theirs["conf"] > conf
+    theirs = {k: v[keep] for k, v in theirs.items()}
+    r = result_at(conf)
+    ours = {"xyxy": r.boxes.xyxy, "conf": r.boxes.conf, "cls": r.boxes.cls}
+    assert len(ours["conf"]) == rows == len(theirs["conf"]), (d.name, len(ours["conf"]), rows)
+    assert set_match(ours, theirs) == (1.0, 1.0), d.name

@@ -162,7 +162,7 @@ def test_loss_is_finite_with_empty_images_and_an_empty_batch(name, size):
 
 
 # --- (d) the loss falls ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name,size,steps", [("rtdetr", "r18", 6), ("dfine", "n", 14)])
+@pytest.mark.parametrize("name,size,steps", [("rtdetr", "r18", 6), ("dfine", "n", 14), ("rtdetrv2", "r18", 6)])
 def test_a_few_steps_on_a_fixed_batch_make_the_loss_fall(name, size, steps):
     family, net = _net(name, size)
     criterion = loss_for(name, "detect", NC)

@@ -80,6 +80,10 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
         raise ArgumentError(f"workspace must be a positive number of GiB, got {workspace!r}")
     nms_params = None
     if nms is not None and nms is not False:
+        if contract.nms_free is not None:
+            raise ArgumentError(f"nms={nms!r} does not apply to family {model.family.name}: it has no NMS "
+                                f"({contract.nms_free}); export with nms=False (the default): the artifact "
+                                "outputs the predictions and the runtime decodes them as eager does")
         if not exporter.embedded_nms or contract.nms_input is None:
             what = f"format={fmt}" if not exporter.embedded_nms else f"family {model.family.name}"
             raise ArgumentError(f"nms=True (NMS inside the artifact) is not supported for {what}; "

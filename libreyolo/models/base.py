@@ -54,6 +54,9 @@ class ExportContract:
     # "module:attribute" of the decoder that turns the NMS outputs into detections at predict time
     nms_input: str | None = None
     nms_decoder: str = "libreyolo.export.nms:EmbeddedNmsDecoder"
+    # why the family's decoding has no NMS at all (e.g. a one-to-one head: one box per object), or
+    # None; export refuses nms=True for such a family with this reason instead of "not supported"
+    nms_free: str | None = None
     # outputs whose size along one axis follows the number of classes: {output: (axis, offset)}
     # meaning shape[axis] == nc + offset; runtimes check an artifact's 'nc' against its graph
     class_axes: dict[str, tuple[int, int]] = field(default_factory=dict)

@@ -76,6 +76,21 @@ def params_to(params: torch.Tensor, device: torch.device | str | None) -> torch.
     return params.pin_memory().to(device, non_blocking=True)
 
 
+def unpack_params(params: torch.Tensor, nc: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``conf``, ``iou`` (0-d) and the class switches as a (nc,) bool mask, from :func:`pack_params`."""
+    return params[0], params[1], params[_PARAM_HEAD:_PARAM_HEAD + nc] > 0.5
+
+
+def source_boxes(pred: torch.Tensor, params: torch.Tensor, nc: int) -> tuple[torch.Tensor, ...]:
+    """``x1, y1, x2, y2`` (B, N) each: the xyxy boxes of ``pred`` (B, 4 + nc, N, network-input pixels)
+    taken out of each image's letterbox (``params`` from :func:`pack_params`) and clipped to it."""
+    left, top, ratio, width, height = params[_PARAM_HEAD + nc:].view(pred.shape[0], 5, 1).unbind(1)
+    return (torch.minimum(((pred[:, 0] - left) / ratio).clamp(min=0), width),
+            torch.minimum(((pred[:, 1] - top) / ratio).clamp(min=0), height),
+            torch.minimum(((pred[:, 2] - left) / ratio).clamp(min=0), width),
+            torch.minimum(((pred[:, 3] - top) / ratio).clamp(min=0), height))
+
+
 def _keys(scores: torch.Tensor, index: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Sort keys: higher score first, then lower ``index``; -1 where ``mask`` is False."""
     keys = (scores.contiguous().view(torch.int32).to(torch.int64) << 32) | (_LOW - index)
@@ -133,14 +148,8 @@ def detect_padded(predictions: torch.Tensor, params: torch.Tensor, *, max_det: i
     nc = channels - 4
     device = pred.device
     fixed = device.type == "cuda" if fixed_shape is None else fixed_shape
-    conf, iou = params[0], params[1]
-    allowed = params[_PARAM_HEAD:_PARAM_HEAD + nc] > 0.5
-    frames = params[_PARAM_HEAD + nc:].view(batch, 5, 1)
-    left, top, ratio, width, height = frames.unbind(1)
-    x1 = torch.minimum(((pred[:, 0] - left) / ratio).clamp(min=0), width)
-    y1 = torch.minimum(((pred[:, 1] - top) / ratio).clamp(min=0), height)
-    x2 = torch.minimum(((pred[:, 2] - left) / ratio).clamp(min=0), width)
-    y2 = torch.minimum(((pred[:, 3] - top) / ratio).clamp(min=0), height)
+    conf, iou, allowed = unpack_params(params, nc)
+    x1, y1, x2, y2 = source_boxes(pred, params, nc)
     usable = (x2 > x1) & (y2 > y1)
     scores = pred[:, 4:]  # (B, nc, N)
     keys = _top_candidates(scores, scores > conf, usable, allowed, max_nms, fixed)
@@ -267,4 +276,5 @@ class DetectPostprocess:
 
 
 __all__ = ["DEFAULT_MAX_NMS", "DetectPostprocess", "check_max_nms", "detect_padded", "detect_postprocess",
-           "detect_postprocess_later", "pack_params", "params_to", "read_detections", "read_detections_later"]
+           "detect_postprocess_later", "pack_params", "params_to", "read_detections", "read_detections_later",
+           "source_boxes", "unpack_params"]

@@ -1,4 +1,6 @@
-"""Set-prediction postprocessing (DETR line): top-k over sigmoid scores, no NMS.
+"""Top-k postprocessing, no NMS: set prediction (DETR line) and one-to-one dense heads.
+
+Set prediction (:func:`topk_postprocess`):
 
 Input: ``pred_logits`` (B, Q, nc) raw class logits and ``pred_boxes`` (B, Q, 4) boxes
 (cx, cy, w, h) normalised to the network input. Per image: sigmoid scores, the ``max_det``
@@ -11,6 +13,15 @@ can hold the first: :func:`topk_padded` (fixed shapes, nothing read back: a padd
 ``(B, k, 6)`` tensor and ``counts``) and :func:`~libreyolo.ops.postprocess.read_detections`.
 The eager postprocessing is the same two calls (:func:`topk_postprocess`), so the graphed and
 the eager pipeline run one implementation.
+
+One-to-one dense heads (:func:`one2one_postprocess`, e.g. YOLOv9-E2E): ``predictions``
+(B, 4 + nc, N) as the NMS families lay them out (xyxy boxes in network-input pixels, then class
+probabilities), but at most one prediction per object, so no NMS: per image the ``max_det``
+anchors with the best class score, then the ``max_det`` best (anchor, class) pairs among them
+(the same pairs as one top-k over all N x nc, in two cheaper steps), kept above ``conf``, boxes
+out of the letterbox and clipped to the image (:func:`~libreyolo.ops.postprocess.source_boxes`,
+as the NMS families do), boxes left with no area dropped. The same two stages: :func:`one2one_padded`
+and the read-back.
 """
 from __future__ import annotations
 
@@ -19,7 +30,14 @@ from typing import Any
 
 import torch
 
-from libreyolo.ops.postprocess import params_to, read_detections, read_detections_later
+from libreyolo.ops.postprocess import (
+    pack_params,
+    params_to,
+    read_detections,
+    read_detections_later,
+    source_boxes,
+    unpack_params,
+)
 
 _PARAM_HEAD = 1  # conf; then nc class switches, then 5 numbers per image (:func:`source_frame`)
 
@@ -78,13 +96,19 @@ def topk_padded(logits: torch.Tensor, boxes: torch.Tensor, params: torch.Tensor,
     scale = torch.stack((in_w, in_h, in_w, in_h), -1)    # (B, 1, 4)
     offset = torch.stack((left, top, left, top), -1)
     xyxy = (xyxy * scale - offset) / ratio.unsqueeze(2)
-    keep = best > conf
-    # kept rows first, in score order (a NaN score sorts first in topk and is not kept)
+    return _kept_first(xyxy, best, label, best > conf)
+
+
+def _kept_first(xyxy: torch.Tensor, best: torch.Tensor, label: torch.Tensor,
+                keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, k, 6)`` rows (x1, y1, x2, y2, score, class) with the ``keep`` ones first, in their
+    (score) order, zeros after them, and ``counts`` (B,): fixed shapes, nothing read back."""
+    # (a NaN score sorts first in topk and is not kept)
     order = (~keep).to(torch.uint8).sort(dim=1, stable=True).indices
     rows = torch.cat((xyxy, best.unsqueeze(2), label.to(torch.float32).unsqueeze(2)), 2)
     rows = rows.gather(1, order.unsqueeze(2).expand(-1, -1, 6))
     counts = keep.sum(1)
-    filled = torch.arange(k, device=logits.device).unsqueeze(0) < counts.unsqueeze(1)
+    filled = torch.arange(best.shape[1], device=best.device).unsqueeze(0) < counts.unsqueeze(1)
     return torch.where(filled.unsqueeze(2), rows, rows.new_zeros(())), counts
 
 
@@ -139,3 +163,61 @@ class SetPostprocess:
     def capture_safe(self, device: torch.device) -> str | None:
         """Always None: sigmoid, top-k, gathers and a sort of fixed shapes never wait for the device."""
         return None
+
+
+def one2one_padded(predictions: torch.Tensor, params: torch.Tensor, *,
+                   max_det: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Detections of a batch of one-to-one predictions, padded: ``(B, k, 6)``, ``k = min(max_det,
+    N * nc)``, and ``counts`` (B,), on the device; fixed shapes, nothing read back. ``params``:
+    :func:`~libreyolo.ops.postprocess.pack_params` (its ``iou`` is not read: there is no NMS)."""
+    pred = predictions.float()
+    batch, channels, n = pred.shape
+    nc = channels - 4
+    conf, _, allowed = unpack_params(params, nc)
+    x1, y1, x2, y2 = source_boxes(pred, params, nc)
+    scores = pred[:, 4:].masked_fill(~allowed.view(1, nc, 1), -1.0)  # a class not asked for is never kept
+    anchors = scores.amax(1).topk(min(max_det, n), dim=1).indices  # (B, k1): the best anchors
+    cand = scores.gather(2, anchors.unsqueeze(1).expand(-1, nc, -1)).transpose(1, 2).flatten(1)  # anchor-major
+    best, index = cand.topk(min(max_det, cand.shape[1]), dim=1)
+    slot = torch.div(index, nc, rounding_mode="floor")
+    label = index - slot * nc
+    anchor = anchors.gather(1, slot)
+    xyxy = torch.stack((x1, y1, x2, y2), -1).gather(1, anchor.unsqueeze(2).expand(-1, -1, 4))
+    keep = (best > conf) & (xyxy[..., 2] > xyxy[..., 0]) & (xyxy[..., 3] > xyxy[..., 1])
+    return _kept_first(xyxy, best, label, keep)
+
+
+def one2one_postprocess_later(predictions: torch.Tensor, metas: Sequence[Any], *, conf: float, max_det: int,
+                              classes: Sequence[int] | None = None) -> Callable[[], list[dict[str, torch.Tensor]]]:
+    """:func:`one2one_postprocess` enqueued now and read back by the returned call."""
+    if len(metas) != predictions.shape[0]:
+        raise ValueError(f"{predictions.shape[0]} predictions but {len(metas)} letterbox metas")
+    params = pack_params(metas, conf=conf, iou=0.0, nc=predictions.shape[1] - 4, classes=classes,
+                         device=predictions.device)
+    return read_detections_later(*one2one_padded(predictions, params, max_det=max_det))
+
+
+def one2one_postprocess(predictions: torch.Tensor, metas: Sequence[Any], *, conf: float, max_det: int,
+                        classes: Sequence[int] | None = None) -> list[dict[str, torch.Tensor]]:
+    """One dict per image: ``xyxy`` (K, 4) source pixels, ``conf`` (K,), ``cls`` (K,) float; best first."""
+    return one2one_postprocess_later(predictions, metas, conf=conf, max_det=max_det, classes=classes)()
+
+
+class One2OnePostprocess(SetPostprocess):
+    """The device stage of :func:`one2one_postprocess` as a family declares it (the interface of
+    :class:`SetPostprocess`: ``max_det`` fixes the shapes; nothing waits for the device)."""
+
+    def __init__(self, output: str = "predictions") -> None:
+        self.output = output
+
+    def params(self, metas: Sequence[Any], opts: Any, *, nc: int, device: torch.device) -> torch.Tensor:
+        return pack_params(metas, conf=opts["conf"], iou=0.0, nc=nc, classes=opts.get("classes"), device=device)
+
+    def __call__(self, outputs: dict[str, torch.Tensor], params: torch.Tensor, *,
+                 max_det: int) -> dict[str, torch.Tensor]:
+        dets, counts = one2one_padded(outputs[self.output], params, max_det=max_det)
+        return {"detections": dets, "counts": counts}
+
+    def scores(self, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The anchors' class probabilities, the values ``conf`` is compared with."""
+        return outputs[self.output][:, 4:]

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.kernels.attention import ms_deform_attn
 from libreyolo.models._detr.anchors import AnchorCache
+from libreyolo.models._detr.deformable import PointsDeformableAttention as MSDeformableAttention
 from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
 from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 
@@ -79,32 +79,6 @@ class LQE(nn.Module):
         top = prob.topk(self.k, dim=-1).values
         stat = torch.cat([top, top.mean(dim=-1, keepdim=True)], dim=-1)
         return scores + self.reg_conf(stat.reshape(b, q, -1))
-
-
-class MSDeformableAttention(nn.Module):
-    """Deformable attention with its own point count per level, sampling a pre-projected memory."""
-
-    def __init__(self, dim: int, heads: int, points: tuple[int, ...], offset_scale: float = 0.5) -> None:
-        super().__init__()
-        self.dim, self.heads, self.points = dim, heads, tuple(points)
-        self.offset_scale = offset_scale
-        total = sum(self.points)
-        self.sampling_offsets = nn.Linear(dim, heads * total * 2)
-        self.attention_weights = nn.Linear(dim, heads * total)
-        scale = [1.0 / n for n in self.points for _ in range(n)]
-        self.register_buffer("num_points_scale", torch.tensor(scale, dtype=torch.float32))
-
-    def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor,
-                shapes: Shapes) -> torch.Tensor:
-        """``query`` (B, Q, C), ``reference`` (B, Q, 1, 4), ``value`` (B, S, heads, C / heads)."""
-        b, q = query.shape[:2]
-        total = sum(self.points)
-        offsets = self.sampling_offsets(query).reshape(b, q, self.heads, total, 2)
-        weights = F.softmax(self.attention_weights(query).reshape(b, q, self.heads, total), dim=-1)
-        scale = self.num_points_scale.to(dtype=query.dtype).unsqueeze(-1)
-        offset = offsets * scale * reference[:, :, None, :, 2:] * self.offset_scale
-        locations = reference[:, :, None, :, :2] + offset
-        return ms_deform_attn(value, shapes, locations, weights, points_per_level=self.points)
 
 
 class Gate(nn.Module):

@@ -10,13 +10,14 @@ otherwise, and always portable while exporting).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from libreyolo.kernels.attention import ms_deform_attn
-from libreyolo.models._detr.anchors import AnchorCache
+from libreyolo.models._detr.anchors import AnchorCache, make_anchors
 from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
 from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 
@@ -48,11 +49,15 @@ class MSDeformableAttention(nn.Module):
 
 
 class TransformerDecoderLayer(nn.Module):
-    def __init__(self, dim: int, heads: int, ffn: int, levels: int, points: int) -> None:
+    """``cross_attn``: the deformable attention's factory (default: :class:`MSDeformableAttention` with
+    ``points`` per level; RT-DETRv2 passes its per-level layout)."""
+
+    def __init__(self, dim: int, heads: int, ffn: int, levels: int, points: int,
+                 cross_attn: Callable[[], nn.Module] | None = None) -> None:
         super().__init__()
         self.self_attn = MultiheadAttention(dim, heads)
         self.norm1 = nn.LayerNorm(dim)
-        self.cross_attn = MSDeformableAttention(dim, heads, levels, points)
+        self.cross_attn = cross_attn() if cross_attn is not None else MSDeformableAttention(dim, heads, levels, points)
         self.norm2 = nn.LayerNorm(dim)
         self.linear1 = nn.Linear(dim, ffn)
         self.linear2 = nn.Linear(ffn, dim)
@@ -104,8 +109,15 @@ class TransformerDecoder(nn.Module):
 
 
 class RTDETRTransformer(nn.Module):
+    """RT-DETR's decoder. What RT-DETRv2 changes is passed in: ``cross_attn`` (a factory of each
+    layer's deformable attention), ``named_enc_output`` (its encoder-output projection's submodules
+    are ``proj``/``norm``, not ``0``/``1``) and ``eval_size`` (the anchors and valid mask of that input
+    size stored as buffers, as its checkpoints carry them; other sizes use the per-shape cache)."""
+
     def __init__(self, nc: int, hidden: int, feat_channels: list[int], *, heads: int = 8, num_layers: int = 6,
-                 ffn: int = 1024, points: int = 4, num_queries: int = 300, eval_idx: int = -1) -> None:
+                 ffn: int = 1024, points: int = 4, num_queries: int = 300, eval_idx: int = -1,
+                 cross_attn: Callable[[], nn.Module] | None = None, named_enc_output: bool = False,
+                 eval_size: int | None = None, strides: tuple[int, ...] = (8, 16, 32)) -> None:
         super().__init__()
         self.hidden, self.num_queries, self.nc = hidden, num_queries, nc
         # denoising (training only): queries per batch, label flip ratio, box noise scale
@@ -113,24 +125,40 @@ class RTDETRTransformer(nn.Module):
         levels = len(feat_channels)
         self.input_proj = nn.ModuleList(nn.Sequential(OrderedDict([
             ("conv", nn.Conv2d(c, hidden, 1, bias=False)), ("norm", nn.BatchNorm2d(hidden))])) for c in feat_channels)
-        self.decoder = TransformerDecoder(lambda: TransformerDecoderLayer(hidden, heads, ffn, levels, points),
-                                          num_layers, eval_idx)
+        self.decoder = TransformerDecoder(lambda: TransformerDecoderLayer(hidden, heads, ffn, levels, points,
+                                                                          cross_attn), num_layers, eval_idx)
         self.denoising_class_embed = nn.Embedding(nc + 1, hidden, padding_idx=nc)
         self.query_pos_head = MLP(4, 2 * hidden, hidden, 2)
-        self.enc_output = nn.Sequential(nn.Linear(hidden, hidden), nn.LayerNorm(hidden))
+        if named_enc_output:
+            self.enc_output = nn.Sequential(OrderedDict([("proj", nn.Linear(hidden, hidden)),
+                                                         ("norm", nn.LayerNorm(hidden))]))
+        else:
+            self.enc_output = nn.Sequential(nn.Linear(hidden, hidden), nn.LayerNorm(hidden))
         self.enc_score_head = nn.Linear(hidden, nc)
         self.enc_bbox_head = MLP(hidden, hidden, 4, 3)
         self.dec_score_head = nn.ModuleList(nn.Linear(hidden, nc) for _ in range(num_layers))
         self.dec_bbox_head = nn.ModuleList(MLP(hidden, hidden, 4, 3) for _ in range(num_layers))
+        anchors = valid = None
+        if eval_size is not None:
+            anchors, valid = make_anchors([(eval_size // s, eval_size // s) for s in strides])
+        self.register_buffer("anchors", anchors)  # None (v1): no buffer, not in the state dict
+        self.register_buffer("valid_mask", valid)
         self._anchors = AnchorCache()
         init_heads(self)
+
+    def _anchors_for(self, shapes: Shapes, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored anchors where they fit these level shapes, else the per-shape cache's."""
+        if self.anchors is not None and self.anchors.shape[1] == memory.shape[1] \
+                and self.anchors.device == memory.device:
+            return self.anchors, self.valid_mask
+        return self._anchors.anchors(shapes, memory.device)
 
     def _memory(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, Shapes, torch.Tensor, torch.Tensor]:
         """Projected levels flattened to memory (B, S, C), level shapes, anchors (1, S, 4), valid (1, S, 1)."""
         proj = [p(f) for p, f in zip(self.input_proj, feats, strict=True)]
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in proj]
         memory = torch.cat([f.flatten(2).permute(0, 2, 1) for f in proj], dim=1)
-        anchors, valid = self._anchors.anchors(shapes, memory.device)
+        anchors, valid = self._anchors_for(shapes, memory)
         return memory, self._anchors.level_shapes(shapes, memory.device), anchors, valid
 
     def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:

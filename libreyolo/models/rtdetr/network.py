@@ -35,6 +35,8 @@ class RTDETRSize:
     points: int = 4
     num_queries: int = 300
     depth_mult: float = 1.0
+    decoder_hidden: int | None = None  # None: ``hidden`` (RT-DETRv2-r101 encodes at 384, decodes at 256)
+    eval_idx: int = -1     # the decoder layer whose outputs are the predictions (all layers are built)
 
 
 SIZES: dict[str, RTDETRSize] = {

@@ -1,0 +1,61 @@
+"""Deformable cross-attention with its own point count per level (the D-FINE / RT-DETRv2 layout).
+
+Sampling offsets and attention weights are laid out flat over ``sum(points)`` per head (level
+after level), each level's offsets scaled by ``1 / points[level]`` (the ``num_points_scale``
+buffer, stored in reference checkpoints) and by half the reference box's size. Sampling goes
+through the ``ms_deform_attn`` kernel slot with ``points_per_level``: counts that differ between
+levels stay on the portable path (SPEC section 4), equal counts may take a provider.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libreyolo.kernels.attention import ms_deform_attn
+
+Shapes = list[tuple[int, int]]
+
+
+class PointsDeformableAttention(nn.Module):
+    """Deformable attention with its own point count per level, sampling a pre-projected memory
+    ``value`` (B, S, heads, C / heads) (D-FINE projects the memory once for all layers)."""
+
+    def __init__(self, dim: int, heads: int, points: tuple[int, ...], offset_scale: float = 0.5) -> None:
+        super().__init__()
+        self.dim, self.heads, self.points = dim, heads, tuple(points)
+        self.offset_scale = offset_scale
+        total = sum(self.points)
+        scale = [1.0 / n for n in self.points for _ in range(n)]
+        self.register_buffer("num_points_scale", torch.tensor(scale, dtype=torch.float32))
+        self.sampling_offsets = nn.Linear(dim, heads * total * 2)
+        self.attention_weights = nn.Linear(dim, heads * total)
+
+    def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor,
+                shapes: Shapes) -> torch.Tensor:
+        """``query`` (B, Q, C), ``reference`` (B, Q, 1, 4) boxes (cx, cy, w, h) in [0, 1],
+        ``value`` (B, S, heads, C / heads)."""
+        b, q = query.shape[:2]
+        total = sum(self.points)
+        offsets = self.sampling_offsets(query).reshape(b, q, self.heads, total, 2)
+        weights = F.softmax(self.attention_weights(query).reshape(b, q, self.heads, total), dim=-1)
+        scale = self.num_points_scale.to(dtype=query.dtype).unsqueeze(-1)
+        offset = offsets * scale * reference[:, :, None, :, 2:] * self.offset_scale
+        locations = reference[:, :, None, :, :2] + offset
+        return ms_deform_attn(value, shapes, locations, weights, points_per_level=self.points)
+
+
+class ProjectedDeformableAttention(PointsDeformableAttention):
+    """:class:`PointsDeformableAttention` with its own value and output projections (RT-DETRv2): takes
+    the memory ``value`` (B, S, C) as it is."""
+
+    def __init__(self, dim: int, heads: int, points: tuple[int, ...], offset_scale: float = 0.5) -> None:
+        super().__init__(dim, heads, points, offset_scale)
+        self.value_proj = nn.Linear(dim, dim)
+        self.output_proj = nn.Linear(dim, dim)
+
+    def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor,
+                shapes: Shapes) -> torch.Tensor:
+        b, s = value.shape[:2]
+        value = self.value_proj(value).reshape(b, s, self.heads, self.dim // self.heads)
+        return self.output_proj(super().forward(query, reference, value, shapes))
