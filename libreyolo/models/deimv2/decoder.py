@@ -122,12 +122,13 @@ class TransformerDecoder(nn.Module):
 class DEIMv2Transformer(nn.Module):
     def __init__(self, nc: int, hidden: int, feat_channels: list[int], *, heads: int = 8, num_layers: int = 4,
                  ffn: int = 512, points: tuple[int, ...] = (3, 6, 3), num_queries: int = 300, reg_max: int = 32,
-                 reg_scale: float = 4.0, strides: tuple[int, ...] = (8, 16, 32), eval_size: int = 640,
+                 reg_scale: int | float = 4.0, strides: tuple[int, ...] = (8, 16, 32), eval_size: int = 640,
                  gateway: bool = True, share_bbox_head: bool = False) -> None:
         super().__init__()
         self.hidden, self.num_queries, self.reg_max, self.nc = hidden, num_queries, reg_max, nc
         self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0
         self.up = nn.Parameter(torch.tensor([0.5]), requires_grad=False)
+        # torch.tensor([4]) is int64: the dtype the reference's checkpoints hold for an int reg_scale
         self.reg_scale = nn.Parameter(torch.tensor([reg_scale]), requires_grad=False)
         self.input_proj = nn.ModuleList(
             nn.Identity() if c == hidden else nn.Sequential(OrderedDict([

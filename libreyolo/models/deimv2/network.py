@@ -47,6 +47,9 @@ class DEIMv2Size:
     enc_ffn: int = 0                   # hybrid encoder FFN width (0: the lite encoder)
     gateway: bool = True
     share_bbox_head: bool = False
+    # the reference's table gives n..x an int 4, which makes ``decoder.reg_scale`` an int64 parameter in
+    # their checkpoints; atto, femto and pico take the decoder's float default
+    reg_scale: int | float = 4
 
     @property
     def vit(self) -> bool:
@@ -60,11 +63,11 @@ class DEIMv2Size:
 # from the reference's size table (libreyolo 1.6.0, models/deimv2/nn.py SIZE_CONFIGS)
 SIZES: dict[str, DEIMv2Size] = {
     "atto": DEIMv2Size(320, "Atto", 64, 0.34, 0.5, 3, 160, (4, 2), 100, return_idx=(2,), gateway=False,
-                       share_bbox_head=True),
+                       share_bbox_head=True, reg_scale=4.0),
     "femto": DEIMv2Size(416, "Femto", 96, 0.34, 0.5, 3, 256, (4, 2), 150, return_idx=(2,), gateway=False,
-                        share_bbox_head=True),
+                        share_bbox_head=True, reg_scale=4.0),
     "pico": DEIMv2Size(640, "Pico", 112, 0.34, 0.5, 3, 320, (4, 2), 200, return_idx=(2,), gateway=False,
-                       share_bbox_head=True),
+                       share_bbox_head=True, reg_scale=4.0),
     "n": DEIMv2Size(640, "B0", 128, 0.34, 0.5, 3, 512, (6, 6), return_idx=(2, 3), enc_ffn=512),
     "s": DEIMv2Size(640, "vit_tiny", 192, 0.34, 0.67, 4, 512, (3, 6, 3), take=(3, 7, 11), enc_ffn=512),
     "m": DEIMv2Size(640, "vit_tinyplus", 256, 0.67, 1.0, 4, 512, (3, 6, 3), take=(3, 7, 11), enc_ffn=512),
@@ -98,7 +101,8 @@ class DEIMv2(nn.Module):
         self.decoder = DEIMv2Transformer(nc, cfg.hidden, [cfg.hidden] * len(cfg.strides),
                                          num_layers=cfg.dec_layers, ffn=cfg.dec_ffn, points=cfg.points,
                                          num_queries=cfg.num_queries, strides=cfg.strides, eval_size=cfg.imgsz,
-                                         gateway=cfg.gateway, share_bbox_head=cfg.share_bbox_head)
+                                         gateway=cfg.gateway, share_bbox_head=cfg.share_bbox_head,
+                                         reg_scale=cfg.reg_scale)
         # not in the state dict: fixed constants of the preprocessing the ViT sizes were trained with
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
