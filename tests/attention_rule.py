@@ -61,7 +61,8 @@ def seeded_net(family: str, size: str, seed: int = 0, calibration: torch.Tensor 
 
     Parameters: std 1/sqrt(fan_in), norm scales 0.8-1.2, biases and relative-position tables
     0.1 * N(0, 1), so attention is far from uniform. Buffers (SwinIR's stored shift masks, DETR
-    anchors) and integer parameters (DEIMv2's int64 ``reg_scale``) are left as built. BatchNorm statistics are measured on ``calibration`` if given.
+    anchors) and integer parameters (DEIMv2's int64 ``reg_scale``) are left as built. BatchNorm
+    statistics are measured on ``calibration`` if given.
     """
     net = families()[family].build(size, 10)
     g = torch.Generator().manual_seed(seed)

@@ -235,7 +235,6 @@ def test_every_deimv2_fixture_predict_matches_reference_as_sets(loaded, compat_d
         i = int(np.argmax(gaps))
         assert gaps[i] > 10 * SCORE_TOL, (d.name, float(gaps[i]))
         conf = float(scores[i] + scores[i + 1]) / 2
-        pick = lambda det: {k: v[det["conf"] >= conf] for k, v in det.items()}  # noqa: E731
-        a, b = pick(ours), pick(theirs)
+        a, b = ({k: v[det["conf"] >= conf] for k, v in det.items()} for det in (ours, theirs))
         assert len(a["conf"]) == len(b["conf"]) == i + 1, (d.name, conf, len(a["conf"]), len(b["conf"]))
         assert min(set_match(a, b)) == 1.0, (d.name, conf, set_match(a, b))
