@@ -12,6 +12,10 @@ weighting function and box decoding are reused as they are):
 - invalid anchors are a finite 1e4 (the reference's value), not +inf.
 
 ``forward`` is inference: only the last layer is scored, as the reference does in eval.
+``forward_train`` is the training path (D-FINE's: selected plus contrastive denoising queries,
+every layer scored, the pre-box head and the encoder selection; see
+:mod:`libreyolo.models._detr.denoising`); as in the reference, the first layer's boxes that later
+layers' distances are measured from are detached.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from libreyolo.models._detr.anchors import AnchorCache, make_anchors
+from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
 from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 from libreyolo.models.dfine.decoder import (
     LQE,
@@ -97,26 +102,38 @@ class TransformerDecoder(nn.Module):
         self.lqe_layers = nn.ModuleList(LQE(4, 64, 2, reg_max, "silu") for _ in range(num_layers))
 
     def forward(self, target: torch.Tensor, ref_unact: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
-                heads: DEIMv2Transformer) -> tuple[torch.Tensor, torch.Tensor]:
+                heads: DEIMv2Transformer, attend: torch.Tensor | None = None, every_layer: bool = False
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Per scored head the logits (B, Q, nc) and boxes (B, Q, 4) (inference: the last layer only;
+        ``every_layer``: the pre-box head, then every layer), per scored layer the edge distributions'
+        logits, the initial boxes (B, Q, 4) and the bin values (reg_max + 1,)."""
         value = memory.reshape(memory.shape[0], memory.shape[1], self.heads, -1)
         project = weighting_function(self.reg_max, self.up, self.reg_scale)
         ref = torch.sigmoid(ref_unact)
         query_pos = heads.query_pos_head(ref).clamp(min=-10, max=10)
         last = len(self.layers) - 1
+        logits, boxes, all_corners = [], [], []
         target_prev = corners_prev = initial = None
         for i, layer in enumerate(self.layers):
-            target = layer(target, ref.unsqueeze(2), value, shapes, query_pos)
+            target = layer(target, ref.unsqueeze(2), value, shapes, query_pos, attend)
             if i == 0:
-                initial = torch.sigmoid(heads.pre_bbox_head(target) + inverse_sigmoid(ref))
+                pre = torch.sigmoid(heads.pre_bbox_head(target) + inverse_sigmoid(ref))
+                initial = pre.detach()
                 corners = heads.dec_bbox_head[0](target)
+                if every_layer:
+                    logits.append(heads.dec_score_head[0](target))
+                    boxes.append(pre)
             else:
                 corners = heads.dec_bbox_head[i](target + target_prev) + corners_prev
-            boxes = distance2bbox(initial, heads.integral(corners, project), self.reg_scale)
-            if i == last:
-                logits = self.lqe_layers[i](heads.dec_score_head[i](target), corners)
-                return logits, boxes
-            target_prev, corners_prev, ref = target, corners, boxes
-        raise ValueError("the decoder has no layers")
+            layer_boxes = distance2bbox(initial, heads.integral(corners, project), self.reg_scale)
+            if every_layer or i == last:
+                logits.append(self.lqe_layers[i](heads.dec_score_head[i](target), corners))
+                boxes.append(layer_boxes)
+                all_corners.append(corners)
+            target_prev, corners_prev, ref = target.detach(), corners, layer_boxes.detach()
+        if initial is None:
+            raise ValueError("the decoder has no layers")
+        return logits, boxes, all_corners, initial, project
 
 
 class DEIMv2Transformer(nn.Module):
@@ -164,8 +181,10 @@ class DEIMv2Transformer(nn.Module):
             anchors, valid = self._anchors.anchors(shapes, memory.device, invalid=INVALID_ANCHOR)
         return memory, self._anchors.level_shapes(shapes, memory.device), anchors, valid
 
-    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        memory, shapes, anchors, valid = self._memory(feats)
+    def _select(self, memory: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Query selection: (content (B, Q, C), reference boxes in logit space (B, Q, 4), the encoder
+        logits (B, S, nc), the selected indices (B, Q))."""
         masked = valid.to(memory.dtype) * memory  # the selection sees border positions zeroed, the layers do not
         enc_logits = self.enc_score_head(masked)
         # fewer positions than queries (tiny inputs): take them all rather than fail
@@ -173,5 +192,30 @@ class DEIMv2Transformer(nn.Module):
         target = masked.gather(1, topk.unsqueeze(-1).expand(-1, -1, self.hidden))
         anchors = anchors.to(memory.dtype).expand(memory.shape[0], -1, -1)
         ref_unact = self.enc_bbox_head(target) + anchors.gather(1, topk.unsqueeze(-1).expand(-1, -1, 4))
-        logits, boxes = self.decoder(target, ref_unact, memory, shapes, self)
-        return {"pred_logits": logits, "pred_boxes": boxes}
+        return target, ref_unact, enc_logits, topk
+
+    def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        memory, shapes, anchors, valid = self._memory(feats)
+        target, ref_unact, _, _ = self._select(memory, anchors, valid)
+        logits, boxes, _, _, _ = self.decoder(target, ref_unact, memory, shapes, self)
+        return {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+
+    def forward_train(self, feats: list[torch.Tensor], gt: GroundTruth, image_size: tuple[int, int]) -> dict:
+        """Training outputs for the encoder levels ``feats`` and per-image ground truth ``gt``
+        (labels, (cx, cy, w, h) boxes in [0, 1]), laid out as D-FINE's
+        (:func:`~libreyolo.models._detr.denoising.pack_train_outputs` plus the edge distributions)."""
+        memory, shapes, anchors, valid = self._memory(feats)
+        selected, ref_unact, enc_logits, topk = self._select(memory, anchors, valid)
+        enc_topk_logits = enc_logits.gather(1, topk.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
+        enc_topk_boxes = torch.sigmoid(ref_unact)
+        # the decoder starts from the selection, but its gradient does not flow back into it
+        target, ref_unact = selected.detach(), ref_unact.detach()
+        target, ref_unact, dn, attend = prepend_denoising(self, target, ref_unact, gt, topk.shape[1])
+        logits, boxes, corners, initial, project = self.decoder(target, ref_unact, memory, shapes, self, attend,
+                                                                every_layer=True)
+        out = pack_train_outputs(logits, boxes, enc_topk_logits, enc_topk_boxes, dn, image_size)
+        n = 0 if dn is None else dn.num
+        all_corners = torch.stack(corners)
+        out.update(pred_corners=all_corners[:, :, n:], dn_corners=all_corners[:, :, :n], ref_initial=initial[:, n:],
+                   dn_ref_initial=initial[:, :n], corner_bins=project, reg_scale=self.reg_scale)
+        return out
