@@ -25,7 +25,7 @@ FUSED_BY_CONVENTION = frozenset({"vit", "deit"})
 
 # every family whose attention modules carry a switchable ``fused_attn`` flag; the DETR families'
 # flag is on the self-attention (decoder) and the encoder's attention, not on deformable attention
-ATTENTION_FAMILIES = ("vit", "deit", "swin", "segformer", "swinir", "rtdetr", "dfine", "rtdetrv2")
+ATTENTION_FAMILIES = ("vit", "deit", "swin", "segformer", "swinir", "rtdetr", "dfine", "rtdetrv2", "deimv2")
 
 
 def rule_violation(family: str, diff: float, default: bool) -> str | None:
@@ -61,12 +61,15 @@ def seeded_net(family: str, size: str, seed: int = 0, calibration: torch.Tensor 
 
     Parameters: std 1/sqrt(fan_in), norm scales 0.8-1.2, biases and relative-position tables
     0.1 * N(0, 1), so attention is far from uniform. Buffers (SwinIR's stored shift masks, DETR
-    anchors) are left as built. BatchNorm statistics are measured on ``calibration`` if given.
+    anchors) and integer parameters (DEIMv2's int64 ``reg_scale``) are left as built. BatchNorm
+    statistics are measured on ``calibration`` if given.
     """
     net = families()[family].build(size, 10)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in net.named_parameters():
+            if not p.is_floating_point():
+                continue
             noise = torch.randn(p.shape, generator=g)
             if p.ndim > 1 and "relative_position_bias_table" not in name:
                 p.copy_(noise / math.sqrt(p[0].numel()))

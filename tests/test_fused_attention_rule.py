@@ -40,11 +40,13 @@ CASES = {
     "rtdetr": ("r18", 96),
     "dfine": ("n", 96),
     "rtdetrv2": ("r18", 96),
+    "deimv2": ("s", 64),  # the default size: its ViT backbone holds the family's self-attention
 }
 # the attention modules each case holds: one per transformer block (DETR: the encoder's one
 # self-attention layer plus one per decoder layer; deformable attention has no flag)
 EXPECTED_MODULES = {"vit": 12, "deit": 12, "swin": 12, "segformer": 8, "swinir": 24, "rtdetr": 4, "dfine": 4,
-                    "rtdetrv2": 4}
+                    "rtdetrv2": 4,
+                    "deimv2": 17}  # deimv2-s: 12 ViT blocks, the encoder's layer, 4 decoder layers
 
 
 def inputs(family: str, large: bool = True) -> torch.Tensor:

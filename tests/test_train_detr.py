@@ -1,4 +1,4 @@
-"""DETR training (RT-DETR, D-FINE) on CPU at tiny sizes: Hungarian matching, denoising groups and
+"""DETR training (RT-DETR, D-FINE, DEIMv2 atto) on CPU at tiny sizes: Hungarian matching, denoising groups and
 their attention mask, the loss on empty targets, a falling loss, the encoder/decoder seam that a
 CUDA-graph trainer relies on, and one end-to-end epoch."""
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_denoising_groups_shapes_noise_and_mask():
     assert make_denoising(split_targets(TARGETS[:0], 2, (IMGSZ, IMGSZ)), NC, 7) is None
 
 
-@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n")])
+@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n"), ("deimv2", "atto")])
 def test_matching_queries_are_blind_to_the_denoising_queries(name, size):
     family, net = _net(name, size)
     feats = family.train_encode(net, _images())
@@ -145,7 +145,7 @@ def test_matching_queries_are_blind_to_the_denoising_queries(name, size):
 
 
 # --- (c) empty targets ----------------------------------------------------------------------------
-@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n")])
+@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n"), ("deimv2", "atto")])
 def test_loss_is_finite_with_empty_images_and_an_empty_batch(name, size):
     family, net = _net(name, size)
     criterion = loss_for(name, "detect", NC)
@@ -184,7 +184,7 @@ def _grads(net) -> dict[str, torch.Tensor]:
     return {k: p.grad.clone() for k, p in net.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n")])
+@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n"), ("deimv2", "atto")])
 def test_the_seam_gives_the_same_outputs_and_gradients(name, size):
     # bit for bit, in float32: what the lead's CUDA-graph parity test asks of a replayed step
     family, net = _net(name, size)
@@ -223,7 +223,8 @@ def test_the_seam_gives_the_same_outputs_and_gradients(name, size):
     assert not differ, differ
 
 
-@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n")])
+# deimv2 s: its ViT backbone takes ImageNet-normalised images, which the training seam must give it too
+@pytest.mark.parametrize("name,size", [("rtdetr", "r18"), ("dfine", "n"), ("deimv2", "atto"), ("deimv2", "s")])
 def test_the_training_path_ends_where_inference_does(name, size):
     family, net = _net(name, size)
     x = _images()

@@ -24,12 +24,13 @@ VALID_EPS = 1e-2
 
 
 def make_anchors(shapes: Sequence[tuple[int, int]], *, grid_size: float = GRID_SIZE, eps: float = VALID_EPS,
-                 device: torch.device | None = None,
-                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+                 device: torch.device | None = None, dtype: torch.dtype = torch.float32,
+                 invalid: float = float("inf")) -> tuple[torch.Tensor, torch.Tensor]:
     """Anchors in logit space (1, sum H*W, 4) as (cx, cy, w, h), and their valid mask (1, N, 1).
 
     Level ``l`` has cell centres ``(x + 0.5) / W, (y + 0.5) / H`` and a box size of
-    ``grid_size * 2**l``; anchors too close to the border are invalid and set to +inf.
+    ``grid_size * 2**l``; anchors too close to the border are invalid and set to ``invalid``
+    (+inf; DEIMv2 uses a finite 1e4, which saturates the sigmoid the same way).
     """
     levels = []
     for lvl, (h, w) in enumerate(shapes):
@@ -42,7 +43,7 @@ def make_anchors(shapes: Sequence[tuple[int, int]], *, grid_size: float = GRID_S
     anchors = torch.cat(levels, dim=1)
     valid = ((anchors > eps) & (anchors < 1 - eps)).all(-1, keepdim=True)
     anchors = torch.log(anchors / (1 - anchors))
-    anchors = torch.where(valid, anchors, torch.inf)
+    anchors = torch.where(valid, anchors, invalid)
     return anchors, valid
 
 
@@ -103,6 +104,6 @@ class AnchorCache(ShapeCache):
         return self.get(("shapes", tuple(shapes), str(device)), lambda: LevelShapes(shapes, device))
 
     def anchors(self, shapes: Sequence[tuple[int, int]], device: torch.device,
-                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (tuple(shapes), str(device), dtype)
-        return self.get(key, lambda: make_anchors(shapes, device=device, dtype=dtype))
+                dtype: torch.dtype = torch.float32, invalid: float = float("inf")) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (tuple(shapes), str(device), dtype, invalid)
+        return self.get(key, lambda: make_anchors(shapes, device=device, dtype=dtype, invalid=invalid))

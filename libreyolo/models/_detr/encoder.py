@@ -2,7 +2,9 @@
 
 Attention runs on the coarsest selected levels only (``use_encoder_idx``); a top-down FPN pass
 and a bottom-up PAN pass then fuse all levels. The families differ only in the blocks they
-plug in (projection, fusion and downsampling modules), which they build and hand over.
+plug in (projection, fusion and downsampling modules), which they build and hand over, and in
+how two levels meet before a fusion block (``fuse``): concatenated (RT-DETR, D-FINE) or summed
+(DEIMv2).
 """
 from __future__ import annotations
 
@@ -19,8 +21,12 @@ from libreyolo.models._detr.layers import TransformerEncoder, sincos_position_em
 class HybridEncoder(nn.Module):
     def __init__(self, *, input_proj: nn.ModuleList, encoder: nn.ModuleList, use_encoder_idx: Sequence[int],
                  hidden_dim: int, lateral_convs: nn.ModuleList, fpn_blocks: nn.ModuleList,
-                 downsample_convs: nn.ModuleList, pan_blocks: nn.ModuleList, pe_temperature: float = 10000.0) -> None:
+                 downsample_convs: nn.ModuleList, pan_blocks: nn.ModuleList, pe_temperature: float = 10000.0,
+                 fuse: str = "cat") -> None:
         super().__init__()
+        if fuse not in ("cat", "sum"):
+            raise ValueError(f"fuse must be 'cat' or 'sum', got {fuse!r}")
+        self.fuse = fuse
         if len(encoder) != len(use_encoder_idx) or not all(isinstance(e, TransformerEncoder) for e in encoder):
             raise ValueError("one TransformerEncoder per entry of use_encoder_idx is needed")
         self.input_proj = input_proj
@@ -53,9 +59,12 @@ class HybridEncoder(nn.Module):
             high = self.lateral_convs[n - 1 - idx](inner[0])
             inner[0] = high
             up = F.interpolate(high, scale_factor=2.0, mode="nearest")
-            inner.insert(0, self.fpn_blocks[n - 1 - idx](torch.cat([up, proj[idx - 1]], dim=1)))
+            inner.insert(0, self.fpn_blocks[n - 1 - idx](self._join(up, proj[idx - 1])))
         outs = [inner[0]]
         for idx in range(n - 1):
             down = self.downsample_convs[idx](outs[-1])
-            outs.append(self.pan_blocks[idx](torch.cat([down, inner[idx + 1]], dim=1)))
+            outs.append(self.pan_blocks[idx](self._join(down, inner[idx + 1])))
         return outs
+
+    def _join(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b if self.fuse == "sum" else torch.cat([a, b], dim=1)

@@ -74,19 +74,26 @@ class RepVggBlock(nn.Module):
         return self.act(self.conv1(x) + self.conv2(x))
 
 
-class MLP(nn.Module):
-    """``num_layers`` linear layers with ReLU between them (not after the last)."""
+_ACT_FNS = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}
 
-    def __init__(self, c_in: int, hidden: int, c_out: int, num_layers: int) -> None:
+
+class MLP(nn.Module):
+    """``num_layers`` linear layers with an activation (ReLU unless ``act`` says otherwise:
+    ``"silu"``, ``"gelu"``) between them, not after the last."""
+
+    def __init__(self, c_in: int, hidden: int, c_out: int, num_layers: int, act: str = "relu") -> None:
         super().__init__()
+        if act not in _ACT_FNS:
+            raise ValueError(f"unknown MLP activation {act!r}; expected one of {sorted(_ACT_FNS)}")
         dims = [c_in] + [hidden] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [c_out]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, outs, strict=True))
+        self._act = _ACT_FNS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x) if i == last else F.relu(layer(x))
+            x = layer(x) if i == last else self._act(layer(x))
         return x
 
 

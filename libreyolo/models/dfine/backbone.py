@@ -30,6 +30,13 @@ class HGNetCfg:
 
 _S = StageCfg
 ARCHS: dict[str, HGNetCfg] = {  # stages: c_in, c_mid, c_out, blocks, downsample, light, kernel, layers
+    # three-stage variants of DEIMv2's smallest sizes (atto, femto, pico)
+    "Atto": HGNetCfg((3, 16, 16), (_S(16, 16, 64, 1, False, False, 3, 3), _S(64, 32, 256, 1, True, False, 3, 3),
+                                    _S(256, 64, 256, 1, True, True, 3, 3))),
+    "Femto": HGNetCfg((3, 16, 16), (_S(16, 16, 64, 1, False, False, 3, 3), _S(64, 32, 256, 1, True, False, 3, 3),
+                                     _S(256, 64, 512, 1, True, True, 5, 3))),
+    "Pico": HGNetCfg((3, 16, 16), (_S(16, 16, 64, 1, False, False, 3, 3), _S(64, 32, 256, 1, True, False, 3, 3),
+                                    _S(256, 64, 512, 2, True, True, 5, 3))),
     "B0": HGNetCfg((3, 16, 16), (_S(16, 16, 64, 1, False, False, 3, 3), _S(64, 32, 256, 1, True, False, 3, 3),
                                   _S(256, 64, 512, 2, True, True, 5, 3), _S(512, 128, 1024, 1, True, True, 5, 3))),
     "B2": HGNetCfg((3, 24, 32), (_S(32, 32, 96, 1, False, False, 3, 4), _S(96, 64, 384, 1, True, False, 3, 4),

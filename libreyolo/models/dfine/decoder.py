@@ -68,10 +68,10 @@ class Integral(nn.Module):
 class LQE(nn.Module):
     """Localisation quality: a score offset from the top-``k`` probabilities of each edge distribution."""
 
-    def __init__(self, k: int, hidden: int, num_layers: int, reg_max: int) -> None:
+    def __init__(self, k: int, hidden: int, num_layers: int, reg_max: int, act: str = "relu") -> None:
         super().__init__()
         self.k, self.reg_max = k, reg_max
-        self.reg_conf = MLP(4 * (k + 1), hidden, 1, num_layers)
+        self.reg_conf = MLP(4 * (k + 1), hidden, 1, num_layers, act)
 
     def forward(self, scores: torch.Tensor, corners: torch.Tensor) -> torch.Tensor:
         b, q, _ = corners.shape
@@ -82,10 +82,12 @@ class LQE(nn.Module):
 
 
 class Gate(nn.Module):
-    def __init__(self, dim: int) -> None:
+    """Per-channel sigmoid gates mixing two inputs, then ``norm`` (a LayerNorm unless given)."""
+
+    def __init__(self, dim: int, norm: nn.Module | None = None) -> None:
         super().__init__()
         self.gate = nn.Linear(2 * dim, 2 * dim)
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim) if norm is None else norm
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
         g1, g2 = torch.sigmoid(self.gate(torch.cat([x1, x2], dim=-1))).chunk(2, dim=-1)

@@ -19,6 +19,7 @@ from torch import nn
 
 from libreyolo.kernels.attention import attention
 from libreyolo.layers.mlp import Mlp
+from libreyolo.layers.rope import apply_rope
 
 PATCH_SIZE = 16
 IMG_SIZE = 224
@@ -42,7 +43,11 @@ VIT_SIZES = {
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention; ``fused_attn`` picks SDPA (True) or primitive ops (False)."""
+    """Multi-head self-attention; ``fused_attn`` picks SDPA (True) or primitive ops (False).
+
+    ``rope`` (optional, DEIMv2's ViT backbones): the ``(sin, cos)`` of
+    :class:`~libreyolo.layers.rope.RopePositionEmbedding`, applied to the queries and keys of the
+    patch tokens; without it (the ViT family) nothing changes."""
 
     def __init__(self, dim: int, num_heads: int, fused_attn: bool = True) -> None:
         super().__init__()
@@ -55,23 +60,25 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if rope is not None:
+            q, k = apply_rope(q, k, rope)
         x = attention(q, k, v, scale=self.scale, fused=self.fused_attn)
         return self.proj(x.transpose(1, 2).reshape(b, n, c))
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int) -> None:
+    def __init__(self, dim: int, num_heads: int, fused_attn: bool = True) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=NORM_EPS)
-        self.attn = Attention(dim, num_heads)
+        self.attn = Attention(dim, num_heads, fused_attn)
         self.norm2 = nn.LayerNorm(dim, eps=NORM_EPS)
         self.mlp = Mlp(dim, dim * MLP_RATIO)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rope)
         return x + self.mlp(self.norm2(x))
 
 
