@@ -39,10 +39,13 @@ CASES = {
     "swinir": ("s", 32),
     "rtdetr": ("r18", 96),
     "dfine": ("n", 96),
+    "rfdetr": ("n", 64),   # the position table is resized to 4 x 4 patches: a 2 x 2 grid of 2 x 2 windows
+    "lwdetr": ("t", 64),   # the smallest input: one patch per window of the 4 x 4 grid
 }
 # the attention modules each case holds: one per transformer block (DETR: the encoder's one
 # self-attention layer plus one per decoder layer; deformable attention has no flag)
-EXPECTED_MODULES = {"vit": 12, "deit": 12, "swin": 12, "segformer": 8, "swinir": 24, "rtdetr": 4, "dfine": 4}
+EXPECTED_MODULES = {"vit": 12, "deit": 12, "swin": 12, "segformer": 8, "swinir": 24, "rtdetr": 4, "dfine": 4,
+                    "rfdetr": 14, "lwdetr": 9}  # LW-DETR line: every ViT block plus one per decoder layer
 
 
 def inputs(family: str, large: bool = True) -> torch.Tensor:
