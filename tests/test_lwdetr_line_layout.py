@@ -104,3 +104,19 @@ def test_lwdetr_refuses_91_classes_and_reads_a_coco_head_as_80():
     assert fam.state_nc({"class_embed.bias": torch.zeros(91)}) == 80
     assert fam.state_nc({"class_embed.bias": torch.zeros(7)}) == 7
     assert get_family("rfdetr").state_nc({"class_embed.bias": torch.zeros(81)}) == 80
+
+
+@pytest.mark.parametrize(("stem", "family", "size", "imgsz"), [("LibreRFDETRn", "rfdetr", "n", 384),
+                                                               ("LibreLWDETRt", "lwdetr", "t", 640)])
+def test_yaml_names_build_untrained_and_checkpoints_round_trip(stem, family, size, imgsz, tmp_path):
+    from libreyolo import LibreYOLO
+
+    model = LibreYOLO(f"{stem}.yaml", nc=3)  # built here: no backbone is downloaded
+    assert (model.family.name, model.size, model.nc, model.imgsz) == (family, size, 3, imgsz)
+    path = model.save(tmp_path / f"{stem}.pt")
+    again = LibreYOLO(path)
+    assert (again.family.name, again.size, again.nc, again.imgsz) == (family, size, 3, imgsz)
+    mine, theirs = model.net.state_dict(), again.net.state_dict()
+    assert list(mine) == list(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    r = again(torch.zeros(3, 120, 160, dtype=torch.uint8), conf=0.0)
+    assert len(r) > 0 and float(r.boxes.cls.max()) < 3 + (family == "rfdetr")  # rfdetr's extra column
