@@ -9,23 +9,54 @@ Module names are the reference checkpoint's (``encoder.embeddings``, ``encoder.e
 with ``attention.attention.{query,key,value}``, ``attention.output.dense``,
 ``layer_scale{1,2}.lambda1``, ``mlp.fc{1,2}``, ``encoder.layernorm``). The position table is
 learned for ``pe_size x pe_size`` patches (the size's native resolution / 16); other input sizes
-interpolate it (bicubic, antialiased), as the reference does.
+resize it (bicubic, antialiased), as the reference does.
 
 Attention goes through :func:`libreyolo.kernels.attention.attention`; ``fused_attn`` (default
 False, see docs/kernels.md) opts in to SDPA.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from libreyolo.kernels.attention import attention
 from libreyolo.layers.mlp import Mlp
 
 NORM_EPS = 1e-6
+
+
+@functools.lru_cache(maxsize=32)
+def aa_bicubic_weights(src: int, dst: int) -> np.ndarray:
+    """(dst, src) float32 weights of PyTorch's antialiased bicubic resize along one axis
+    (``F.interpolate(mode="bicubic", antialias=True, align_corners=False)``, which the reference
+    uses): Keys' cubic with a = -0.5, its support widened by the scale when shrinking, each row
+    normalised; computed with PyTorch's float32/double mix, so the weights are its own."""
+    f32 = np.float32
+    scale = f32(f32(src) / f32(dst))
+    support = f32(2.0 * float(scale)) if scale >= 1.0 else f32(2.0)
+    inv = f32(1.0 / float(scale)) if scale >= 1.0 else f32(1.0)
+
+    def cubic(x: float) -> float:
+        a, x = -0.5, abs(x)
+        if x < 1.0:
+            return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        return (((x - 5.0) * x + 8.0) * x - 4.0) * a if x < 2.0 else 0.0
+
+    out = np.zeros((dst, src), dtype=np.float32)
+    for i in range(dst):
+        centre = f32(float(scale) * (i + 0.5))
+        lo = max(int(float(f32(centre - support)) + 0.5), 0)
+        hi = min(int(float(f32(centre + support)) + 0.5), src)
+        taps = [f32(cubic(float(f32((float(f32(f32(j) - centre)) + 0.5) * float(inv))))) for j in range(lo, hi)]
+        total = f32(0.0)
+        for t in taps:
+            total = f32(total + t)
+        out[i, lo:hi] = [f32(t / total) for t in taps]
+    return out
 
 
 class PatchEmbeddings(nn.Module):
@@ -49,14 +80,19 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Parameter(torch.zeros(1, pe_size * pe_size + 1, dim))
 
     def positions(self, h: int, w: int) -> torch.Tensor:
-        """The position table for an ``h x w`` patch grid (1, 1 + h * w, C)."""
+        """The position table for an ``h x w`` patch grid (1, 1 + h * w, C): the learned grid
+        resized with antialiased bicubic weights (:func:`aa_bicubic_weights`), as two matrix
+        products, so every exporter carries it (ONNX opset 17 has no antialiased resize)."""
         table = self.position_embeddings
         if h == w == self.pe_size:
             return table
-        grid = table[:, 1:].reshape(1, self.pe_size, self.pe_size, -1).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid.float(), size=(h, w), mode="bicubic", align_corners=False,
-                             antialias=not torch.onnx.is_in_onnx_export()).to(table.dtype)
-        return torch.cat([table[:, :1], grid.permute(0, 2, 3, 1).reshape(1, h * w, -1)], dim=1)
+        s, c = self.pe_size, table.shape[-1]
+        wy = torch.from_numpy(aa_bicubic_weights(s, h)).to(table.device, torch.float32)
+        wx = torch.from_numpy(aa_bicubic_weights(s, w)).to(table.device, torch.float32)
+        grid = table[0, 1:].float().reshape(s, s * c)
+        rows = torch.matmul(wy, grid).reshape(h, s, c).transpose(0, 1).reshape(s, h * c)
+        grid = torch.matmul(wx, rows).reshape(w, h, c).transpose(0, 1).reshape(1, h * w, c).to(table.dtype)
+        return torch.cat([table[:, :1], grid], dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, _, height, width = x.shape
