@@ -103,9 +103,11 @@ def test_lwdetr_line_onnx_artifact_with_outputs_off_by_one_permille_is_refused(n
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="not validated here: the .pte exports did not finish within the session on the shared "
-                         "2-core machine (load ~22); run it once and drop this mark")
-@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("name", [
+    pytest.param("rfdetr-n", marks=pytest.mark.skip(
+        reason="not validated here: no rfdetr-n .pte export finished within the session on the shared 2-core "
+               "machine (load ~22); run it once and drop this mark")),
+    "lwdetr-t"])
 def test_lwdetr_line_executorch_validates_and_carries_portable_ops(name, compat_dir, compat_fill, spy,
                                                                    tmp_path_factory):
     pytest.importorskip("executorch")
