@@ -15,8 +15,16 @@ integer arithmetic, on the model's device:
   antialiased), 22-bit coefficients, each pass rounded to 8 bit, in Pillow's pass order
   (:func:`pil_vertical_first`).
 
+- ``"float-bilinear"``: the 8-bit image scaled to [0, 1] first, then resized in float32 as
+  ``cv2.resize(..., INTER_LINEAR)`` resizes a float32 image (RF-DETR): separable, horizontal pass
+  first, two taps with float32 weights from half-pixel centres, edges clamped. Within 1e-7 of it
+  (``F.interpolate`` is 3e-5 away on a 640 -> 384 downscale, enough to move scores by 1e-4).
+
 Float inputs (already in [0, 1]) have no 8-bit rounding to reproduce and are resized with
 ``F.interpolate`` (bilinear, antialiased for Pillow's method).
+
+A ``mean``/``std`` normalisation (on [0, 1] values, per channel) may follow the resize
+(``normalization()`` reports it; identity by default).
 """
 from __future__ import annotations
 
@@ -29,7 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-METHODS = ("opencv-linear", "pil-bilinear")
+METHODS = ("opencv-linear", "pil-bilinear", "float-bilinear")
+_INTEGER_METHODS = ("opencv-linear", "pil-bilinear")
 _CV_BITS = 11
 _PIL_BITS = 22
 
@@ -177,11 +186,41 @@ def _resize_pil(img: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
     return x.to(torch.uint8)
 
 
+@lru_cache(maxsize=64)
+def _linear_axis(src: int, dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """OpenCV's two-tap linear coefficients along one axis: (first source index, second, weight of
+    the second); positions in double, the weight rounded to float32 as OpenCV stores it."""
+    pos = (np.arange(dst, dtype=np.float64) + 0.5) * (1.0 / (dst / src)) - 0.5  # in double, as OpenCV
+    first = np.floor(pos).astype(np.int64)
+    frac = (pos - first).astype(np.float32)
+    low = first < 0
+    frac[low], first[low] = 0.0, 0
+    high = first >= src - 1
+    frac[high], first[high] = 0.0, src - 1
+    return first, np.minimum(first + 1, src - 1), frac
+
+
+def _resize_float_linear(x: torch.Tensor, h_out: int, w_out: int) -> torch.Tensor:
+    """(B, C, H, W) float32 -> (B, C, h_out, w_out), OpenCV's float INTER_LINEAR."""
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    out = x
+    for dim, src, dst in ((3, w, w_out), (2, h, h_out)):
+        if src == dst:
+            continue
+        i0, i1, frac = (torch.from_numpy(a).to(x.device) for a in _linear_axis(src, dst))
+        shape = [1, 1, 1, 1]
+        shape[dim] = dst
+        a1 = frac.view(shape)
+        a0 = (1.0 - frac).view(shape)
+        out = out.index_select(dim, i0) * a0 + out.index_select(dim, i1) * a1
+    return out
+
+
 def resize_u8(img: torch.Tensor, h_out: int, w_out: int, method: str) -> torch.Tensor:
     """Resize a (C, H, W) uint8 image, or a (B, C, H, W) batch of them, with a reference pipeline's
     8-bit arithmetic (each image of a batch gets the numbers it gets alone)."""
-    if method not in METHODS:
-        raise ValueError(f"resize method must be one of {METHODS}, got {method!r}")
+    if method not in _INTEGER_METHODS:
+        raise ValueError(f"8-bit resize method must be one of {_INTEGER_METHODS}, got {method!r}")
     if tuple(img.shape[-2:]) == (h_out, w_out):
         return img
     return _resize_opencv(img, h_out, w_out) if method == "opencv-linear" else _resize_pil(img, h_out, w_out)
@@ -200,23 +239,54 @@ class Stretch:
     method: str = "opencv-linear"
     pad_value: float = 0.0
     placement: str = "stretch"
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"resize method must be one of {METHODS}, got {self.method!r}")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ValueError(f"mean and std need 3 values each, std positive; got {self.mean}, {self.std}")
+
+    @property
+    def normalized(self) -> bool:
+        return tuple(self.mean) != (0.0, 0.0, 0.0) or tuple(self.std) != (1.0, 1.0, 1.0)
 
     @property
     def neutral_input(self) -> float:
-        """A network input value that stands for a blank image."""
-        return self.pad_value / 255.0
+        """A network input value that stands for a blank image (0: a mean-grey one when normalised)."""
+        return 0.0 if self.normalized else self.pad_value / 255.0
 
     def describe(self) -> dict[str, Any]:
         """What an artifact's metadata records about this preprocessing (a runtime checks it)."""
-        return {"placement": self.placement, "pad_value": self.pad_value, "size": self.size,
-                "resize": f"{self.method}, aspect ratio not kept, 8-bit exact"}
+        exact = "float32" if self.method == "float-bilinear" else "8-bit exact"
+        out = {"placement": self.placement, "pad_value": self.pad_value, "size": self.size,
+               "resize": f"{self.method}, aspect ratio not kept, {exact}"}
+        if self.normalized:
+            out.update(mean=list(self.mean), std=list(self.std))
+        return out
 
     def normalization(self) -> dict[str, Any]:
-        return {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0]}
+        return {"mean": list(self.mean), "std": list(self.std)}
+
+    def _resized(self, img: torch.Tensor) -> torch.Tensor:
+        """(C, H, W) or (B, C, H, W) 8-bit -> float32 in [0, 1] at ``size x size`` (the method's numbers)."""
+        s = self.size
+        if self.method == "float-bilinear":
+            x = img.float() / 255.0
+            if tuple(x.shape[-2:]) == (s, s):
+                return x
+            batch = x if x.dim() == 4 else x.unsqueeze(0)
+            out = _resize_float_linear(batch, s, s)
+            return out if x.dim() == 4 else out[0]
+        return resize_u8(img, s, s, self.method).float() / 255.0
+
+    def _normalize_(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.normalized:
+            return x
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(3, 1, 1)
+        return x.sub_(mean).div_(std)
 
     def __call__(self, images: list[torch.Tensor], dtype: torch.dtype = torch.float32,
                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[StretchMeta]]:
@@ -228,11 +298,13 @@ class Stretch:
         for i, img in enumerate(images):
             h, w = int(img.shape[-2]), int(img.shape[-1])
             if img.is_floating_point():
-                x = img
+                x = img.float()
                 if (h, w) != (s, s):
                     x = F.interpolate(img.unsqueeze(0).float(), size=(s, s), mode="bilinear", align_corners=False,
                                       antialias=self.method == "pil-bilinear")[0].clamp_(0, 1)
-                out[i].copy_(x)
+                out[i].copy_(self._normalize_(x.clone()) if self.normalized else x)
+            elif self.normalized or self.method == "float-bilinear":
+                out[i].copy_(self._normalize_(self._resized(img)))
             else:
                 out[i].copy_(resize_u8(img, s, s, self.method))
                 out[i].div_(255.0)
@@ -247,6 +319,8 @@ class Stretch:
         x = frames.permute(0, 3, 1, 2)
         x = x.flip(1) if bgr else x
         out = torch.empty((x.shape[0], 3, self.size, self.size), device=frames.device, dtype=dtype)
+        if self.normalized or self.method == "float-bilinear":
+            return out.copy_(self._normalize_(self._resized(x)))
         out.copy_(resize_u8(x, self.size, self.size, self.method))
         return out.div_(255.0)
 

@@ -1,10 +1,16 @@
-"""Deformable cross-attention with its own point count per level (the D-FINE / RT-DETRv2 layout).
+"""Multi-scale deformable cross-attention around box references (Deformable DETR), in the layouts the
+DETR line runs it. Sampling always goes through the ``ms_deform_attn`` kernel slot (registry
+providers when eligible, portable ``grid_sample`` otherwise, and always portable while exporting);
+parameter names are the reference checkpoints' (``sampling_offsets``, ``attention_weights``,
+``value_proj``, ``output_proj``, ``num_points_scale``).
 
-Sampling offsets and attention weights are laid out flat over ``sum(points)`` per head (level
-after level), each level's offsets scaled by ``1 / points[level]`` (the ``num_points_scale``
-buffer, stored in reference checkpoints) and by half the reference box's size. Sampling goes
-through the ``ms_deform_attn`` kernel slot with ``points_per_level``: counts that differ between
-levels stay on the portable path (SPEC section 4), equal counts may take a provider.
+- :class:`MSDeformableAttention`: ``points`` sampling points per head and level, one softmax over
+  every level's points (RT-DETR, LW-DETR, RF-DETR).
+- :class:`PointsDeformableAttention`: its own point count per level, laid out flat over
+  ``sum(points)`` per head, each level's offsets scaled by ``1 / points[level]`` and by half the
+  reference box's size; counts that differ between levels stay on the portable path (SPEC section 4)
+  (D-FINE and its line, on a pre-projected memory); :class:`ProjectedDeformableAttention` adds the
+  value and output projections (RT-DETRv2).
 """
 from __future__ import annotations
 
@@ -59,3 +65,27 @@ class ProjectedDeformableAttention(PointsDeformableAttention):
         b, s = value.shape[:2]
         value = self.value_proj(value).reshape(b, s, self.heads, self.dim // self.heads)
         return self.output_proj(super().forward(query, reference, value, shapes))
+
+
+class MSDeformableAttention(nn.Module):
+    """Deformable attention with ``points`` sampling points per head and level, around box references."""
+
+    def __init__(self, dim: int, heads: int, levels: int, points: int) -> None:
+        super().__init__()
+        self.dim, self.heads, self.levels, self.points = dim, heads, levels, points
+        self.sampling_offsets = nn.Linear(dim, heads * levels * points * 2)
+        self.attention_weights = nn.Linear(dim, heads * levels * points)
+        self.value_proj = nn.Linear(dim, dim)
+        self.output_proj = nn.Linear(dim, dim)
+
+    def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor,
+                shapes: Shapes) -> torch.Tensor:
+        """``query`` (B, Q, C); ``reference`` (B, Q, 1, 4) boxes (cx, cy, w, h) in [0, 1]; ``value`` (B, S, C)."""
+        b, q = query.shape[:2]
+        value = self.value_proj(value).reshape(b, value.shape[1], self.heads, self.dim // self.heads)
+        offsets = self.sampling_offsets(query).reshape(b, q, self.heads, self.levels, self.points, 2)
+        weights = self.attention_weights(query).reshape(b, q, self.heads, self.levels * self.points)
+        weights = F.softmax(weights, dim=-1).reshape(b, q, self.heads, self.levels, self.points)
+        ref = reference[:, :, None, :, None]
+        locations = ref[..., :2] + offsets / self.points * ref[..., 2:] * 0.5
+        return self.output_proj(ms_deform_attn(value, shapes, locations, weights))

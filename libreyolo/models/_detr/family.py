@@ -1,4 +1,4 @@
-"""What the set-prediction detectors (rtdetr, dfine) share as families: the export contract, the
+"""What the set-prediction detectors (rtdetr, dfine, lwdetr, rfdetr) share as families: the export contract, the
 training recipe and hooks, and the postprocessing.
 
 Their outputs are ``pred_logits`` (B, Q, nc) and ``pred_boxes`` (B, Q, 4); predictions are the
@@ -8,6 +8,7 @@ whole-pipeline CUDA graph captures and the eager postprocessing are one function
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 from libreyolo.models._detr.training import train_decode, train_encode
 from libreyolo.models.base import ExportContract, Family, OutputGroup
+from libreyolo.ops.stretch import Stretch
 from libreyolo.ops.topk import SetPostprocess, topk_postprocess_later
 
 _DEVICE_POSTPROCESS = SetPostprocess("pred_logits", "pred_boxes")
@@ -80,3 +82,35 @@ class SetDetectFamily(Family):
         o = self.task_options(opts, kw)
         return topk_postprocess_later(outputs["pred_logits"], outputs["pred_boxes"], metas, conf=o.conf,
                                       max_det=o.max_det, classes=o.classes)
+
+
+# the LW-DETR line (lwdetr, rfdetr): the same outputs and postprocessing, other module names; the
+# query selection scores the first encoder class head
+LW_EXPORT = replace(DETR_EXPORT, image_input=False,  # ImageNet mean/std follow the resize
+                    selection="transformer.enc_out_class_embed.0")
+LW_QUANT_EXCLUDE = ("class_embed", "bbox_embed.*", "transformer.enc_out_class_embed.*",
+                    "transformer.enc_out_bbox_embed.*", "transformer.decoder.layers.*.cross_attn.attention_weights",
+                    "transformer.decoder.layers.*.cross_attn.sampling_offsets")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class LWDetectFamily(SetDetectFamily):
+    """Base of the LW-DETR line's families: a ViT encoder, the shared projector and decoder
+    (:mod:`libreyolo.models._detr.lw`), ImageNet-normalised stretched inputs. Inference only: the
+    Group-DETR training recipe is not implemented (``training`` is None)."""
+
+    export = LW_EXPORT
+    quant_exclude = LW_QUANT_EXCLUDE
+    nc_key = "class_embed.bias"
+    training = None
+    training_items = ("loss",)
+    train_capture = None
+    train_defaults: dict[str, Any] = {}
+    resize_method = "opencv-linear"
+
+    def letterbox(self, imgsz: int) -> Stretch:
+        return Stretch(imgsz, method=self.resize_method, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+    def device_postprocess(self) -> None:
+        return None  # no whole-pipeline graph: the heads are wider than nc (see the families)

@@ -1,0 +1,45 @@
+"""The rfdetr family adapter: what predict, export and runtimes need to know.
+
+Preprocessing as the reference: the image scaled to [0, 1], resized in float32 (bilinear, as
+``cv2.resize`` on a float image) to the size's input, ImageNet mean/std. Postprocessing is the
+DETR line's top-k over every (query, column) pair of the ``nc + 1``-wide head (the reference
+keeps the extra column too). Export contract and shared behaviour:
+:class:`libreyolo.models._detr.family.LWDetectFamily`.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.models._detr.family import LW_EXPORT, LWDetectFamily
+from libreyolo.models.registry import register_family
+from libreyolo.models.rfdetr.network import PATCH, RFDETR, SIZES, WINDOWS
+
+
+@register_family
+class RFDETRFamily(LWDetectFamily):
+    name = "rfdetr"
+    sizes = tuple(SIZES)
+    default_size = "s"
+    default_imgsz = SIZES["s"].resolution
+    stride = PATCH * WINDOWS  # input sides: whole windows of whole patches
+    filename_pattern = r"LibreRFDETR(?P<size>[nsml])"
+    export = replace(LW_EXPORT, class_axes={"pred_logits": (2, 1)})  # nc + 1 logits
+    resize_method = "float-bilinear"
+    SUPPORTS_CUDA_GRAPH = False  # not through the GPU parity harness yet
+
+    def build(self, size: str, nc: int) -> nn.Module:
+        return RFDETR(size, nc)
+
+    def default_imgsz_for(self, size: str) -> int:
+        return SIZES[size].resolution
+
+    def state_nc(self, state: dict[str, Any]) -> int | None:
+        t = state.get(self.nc_key)
+        return int(t.shape[0]) - 1 if isinstance(t, torch.Tensor) and t.ndim == 1 else None
+
+    def filename(self, size: str) -> str:
+        return f"LibreRFDETR{size}"
