@@ -88,6 +88,10 @@ class Exporter:
     format_options: ClassVar[tuple[str, ...]] = ()
     # part of `libreyolo benchmark`'s default formats (False: it runs the same file as another row)
     benchmarked: ClassVar[bool] = True
+    # the largest tensor rank (batch included) the format's converter maps, None: no limit; families
+    # whose ExportContract.tensor_rank exceeds it are refused with ``rank_limit`` as the reason
+    max_tensor_rank: ClassVar[int | None] = None
+    rank_limit: ClassVar[str] = ""
 
     def check(self, opts: ExportOptions) -> None:
         """Format-specific argument checks, before anything is built."""
@@ -141,7 +145,7 @@ class Exporter:
 
 
 _MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti",
-            "triton": "triton"}
+            "triton": "triton", "ncnn": "ncnn"}
 _ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt", "pt2": "aoti",
             "aotinductor": "aoti"}
 FORMATS = tuple(_MODULES)

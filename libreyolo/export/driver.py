@@ -63,6 +63,10 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
                             f"family {model.family.name} declares static shapes; export format=onnx instead")
     if not exporter.onnx_options and (opset is not None or simplify):
         raise ArgumentError(f"opset/simplify apply to ONNX-based formats, not format={fmt}")
+    if exporter.max_tensor_rank is not None and contract.tensor_rank > exporter.max_tensor_rank:
+        raise ArgumentError(f"format={fmt} cannot convert family {model.family.name}: its network builds "
+                            f"rank-{contract.tensor_rank} tensors and {exporter.rank_limit}; export it to onnx or "
+                            "executorch instead")
     autotune = _flag("autotune", autotune)
     if autotune and not exporter.autotune_option:
         raise ArgumentError(f"autotune applies only to format=aoti (on CUDA), not format={fmt}")
@@ -127,14 +131,14 @@ def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Pa
         name = Path(str(name))
         if name.name != str(name):
             raise ArgumentError(f"name must be a file name without folders, got {str(name)!r}; use output= for a path")
-        path = folder / (name.name if name.suffix.lower() == exporter.suffix else name.name + exporter.suffix)
+        path = folder / (name.name if name.name.lower().endswith(exporter.suffix) else name.name + exporter.suffix)
     elif output is not None:
         path = Path(output)
-        if path.is_dir() and path.suffix.lower() != exporter.suffix:
+        if path.is_dir() and not path.name.lower().endswith(exporter.suffix):
             path = path / (stem + exporter.suffix)
     else:
         path = folder / (stem + exporter.suffix)
-    if path.suffix.lower() != exporter.suffix:
+    if not path.name.lower().endswith(exporter.suffix):  # a file suffix, or a folder's ending (_ncnn_model)
         raise ArgumentError(f"output {str(path)!r} must end in {exporter.suffix} for format={exporter.name} "
                             "(runtimes are chosen by the file suffix)")
     # what is in the way is found now, not after the export has run

@@ -1,0 +1,74 @@
+"""Shared by the edge-format tests (NCNN, LiteRT): one model per family, exported once per module,
+and the checks every format's artifact must pass (validates, predicts like eager, a mutated copy is
+refused)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from libreyolo import SHAPES_IMAGE, LibreYOLO
+from tests.conftest import DEMO_IMGSZ
+
+# the four families of the acceptance: a YOLO (the bundled demo detector), a DETR, a classifier, SegFormer
+FAMILIES = ("yolo9", "rtdetr", "vit", "segformer")
+_MODELS: dict[str, tuple[Any, int]] = {}
+
+
+def family_model(family: str) -> tuple[Any, int]:
+    """(eager model, imgsz): the demo detector at DEMO_IMGSZ, else the seeded model of the validation
+    power suite (tests/mutations.py) at its size."""
+    if family not in _MODELS:
+        if family == "yolo9":
+            _MODELS[family] = (LibreYOLO("LibreYOLO9t-shapes.pt"), DEMO_IMGSZ)
+        else:
+            from tests.mutations import CASES, seeded
+
+            _MODELS[family] = (seeded(family, 0, high_gain=False), CASES[family][1])
+    return _MODELS[family]
+
+
+def assert_predicts_like_eager(eager: Any, artifact: Any, imgsz: int) -> None:
+    """``LibreYOLO(artifact).predict`` gives eager's result on the sample image (task by task)."""
+    want = eager.predict(SHAPES_IMAGE, imgsz=imgsz, conf=0.05)
+    got = artifact.predict(SHAPES_IMAGE, conf=0.05)
+    task = eager.family.task
+    if task == "detect":
+        from libreyolo.export.matching import match_detections
+        from tests.test_export_common import as_dets
+
+        assert len(want.boxes) > 0, "nothing detected: the comparison would be vacuous"
+        m = match_detections(as_dets(want), as_dets(got), conf=0.05, max_det=300, iou_min=0.99, score_tol=1e-4)
+        assert m["passed"] and m["matched"] == m["eager"] == m["artifact"], m
+    elif task == "classify":
+        assert got.probs.top5 == want.probs.top5
+        assert torch.allclose(got.probs.data, want.probs.data, atol=1e-4)
+    elif task == "semantic":
+        agree = float((got.semantic_mask.data == want.semantic_mask.data).float().mean())
+        assert agree > 0.999, agree
+    else:  # pragma: no cover - a new task needs its comparison here
+        raise AssertionError(f"no comparison for task {task}")
+
+
+def scale_tail_floats(path: Path, fraction: float = 0.05, factor: float = 1.05) -> None:
+    """Scale the float32 values in the last ``fraction`` of a weights file by ``factor`` (the last
+    layers' weights; zero tags and padding stay zero)."""
+    data = bytearray(path.read_bytes())
+    start = (int(len(data) * (1 - fraction)) // 4) * 4
+    end = start + ((len(data) - start) // 4) * 4
+    values = np.frombuffer(bytes(data[start:end]), dtype=np.float32).copy()
+    finite = np.isfinite(values) & (np.abs(values) < 1e4)
+    values[finite] *= factor
+    data[start:end] = values.tobytes()
+    path.write_bytes(bytes(data))
+
+
+def copy_artifact(path: Path, dest: Path) -> Path:
+    if path.is_dir():
+        shutil.copytree(path, dest)
+    else:
+        shutil.copy2(path, dest)
+    return dest
