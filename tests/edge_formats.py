@@ -72,3 +72,52 @@ def copy_artifact(path: Path, dest: Path) -> Path:
     else:
         shutil.copy2(path, dest)
     return dest
+
+
+def check_val_benchmark_batcher_serve(path: Path, fmt: str, tmp_path: Path, capsys: Any) -> None:
+    """The artifact of the demo detector through val() (eager's mAP), `libreyolo benchmark` (its row
+    passes), the Batcher (concurrent requests give predict()'s boxes) and the HTTP server."""
+    import pytest
+
+    pytest.importorskip("faster_coco_eval", reason="mAP needs libreyolo[train] (faster-coco-eval)")
+    from libreyolo.cli import main as cli_main
+    from libreyolo.serve.batcher import Batcher
+    from libreyolo.train.shapes import make_shapes_dataset
+
+    model, imgsz = family_model("yolo9")
+    data = make_shapes_dataset(tmp_path / "shapes", n_train=1, n_val=4, imgsz=imgsz, seed=3)
+    runtime = LibreYOLO(path)
+    got = runtime.val(data=str(data), batch=3, workers=0)  # batch 3: chunks of the exported batch 1
+    want = model.val(data=str(data), imgsz=imgsz, batch=3, workers=0)
+    assert want["mAP50-95"] > 0.5 and abs(got["mAP50-95"] - want["mAP50-95"]) <= 1e-9, (got, want)
+    assert cli_main(["benchmark", f"model={path}", f"data={data}", "n=2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(fmt)]
+    assert len(rows) == 1 and rows[0].split()[2] == "passed", rows
+    alone = runtime.predict(SHAPES_IMAGE, conf=0.25)
+    assert len(alone.boxes) > 0
+    with Batcher(runtime, max_batch=4, max_wait_ms=50) as batcher:
+        futures = [batcher.submit(SHAPES_IMAGE, conf=0.25) for _ in range(3)]
+        results = [f.result(timeout=120) for f in futures]
+    for r in results:
+        assert r.boxes.xyxy.tolist() == alone.boxes.xyxy.tolist()
+    pytest.importorskip("fastapi", reason="serve needs libreyolo[serve]")
+    from fastapi.testclient import TestClient
+
+    from libreyolo.serve import create_app
+
+    with TestClient(create_app(runtime, max_batch=2, max_wait_ms=10, conf=0.25)) as client:
+        body = client.post("/predict", content=Path(SHAPES_IMAGE).read_bytes()).json()
+        info = client.get("/info").json()
+    assert len(body["predictions"]) == len(alone.boxes), body
+    assert info["model"]["family"] == "yolo9"
+
+
+def scale_tensor_in_file(path: Path, tensor: torch.Tensor, factor: float) -> None:
+    """Find ``tensor``'s float32 bytes in a model file (exactly once) and scale them by ``factor``."""
+    needle = tensor.detach().float().cpu().contiguous().numpy().tobytes()
+    data = bytearray(path.read_bytes())
+    at = data.find(needle)
+    assert at >= 0 and data.find(needle, at + 1) < 0, "the tensor is not stored once, verbatim, in the file"
+    scaled = (tensor.detach().float().cpu().numpy() * np.float32(factor)).astype(np.float32).tobytes()
+    data[at:at + len(needle)] = scaled
+    path.write_bytes(bytes(data))

@@ -18,7 +18,14 @@ from libreyolo import LibreYOLO  # noqa: E402
 from libreyolo.errors import ArgumentError, CheckpointError, MissingDependencyError  # noqa: E402
 from libreyolo.export.base import get_exporter  # noqa: E402
 from libreyolo.export.compare import compare  # noqa: E402
-from tests.edge_formats import FAMILIES, assert_predicts_like_eager, copy_artifact, family_model, scale_tail_floats  # noqa: E402
+from tests.edge_formats import (  # noqa: E402
+    FAMILIES,
+    assert_predicts_like_eager,
+    check_val_benchmark_batcher_serve,
+    copy_artifact,
+    family_model,
+    scale_tail_floats,
+)
 
 _EXPORTS: dict = {}
 LIMIT = get_exporter("ncnn").max_tensor_rank
@@ -93,29 +100,8 @@ def test_edited_ncnn_metadata_is_refused(ncnn_export, tmp_path):
         LibreYOLO(bad)
 
 
-def test_ncnn_runs_with_val_benchmark_and_the_batcher(ncnn_export, tmp_path, capsys):
-    pytest.importorskip("faster_coco_eval", reason="mAP needs libreyolo[train] (faster-coco-eval)")
-    from libreyolo import SHAPES_IMAGE
-    from libreyolo.cli import main as cli_main
-    from libreyolo.serve.batcher import Batcher
-    from libreyolo.train.shapes import make_shapes_dataset
-
-    report = ncnn_export("yolo9")
-    model, imgsz = family_model("yolo9")
-    data = make_shapes_dataset(tmp_path / "shapes", n_train=1, n_val=4, imgsz=imgsz, seed=3)
-    runtime = LibreYOLO(report.path)
-    got = runtime.val(data=str(data), batch=3, workers=0)  # batch 3: one image per ncnn call
-    want = model.val(data=str(data), imgsz=imgsz, batch=3, workers=0)
-    assert want["mAP50-95"] > 0.5 and abs(got["mAP50-95"] - want["mAP50-95"]) <= 1e-9, (got, want)
-    assert cli_main(["benchmark", f"model={report.path}", f"data={data}", "n=2"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ncnn")]
-    assert len(rows) == 1 and rows[0].split()[2] == "passed", rows
-    with Batcher(runtime, max_batch=4, max_wait_ms=50) as batcher:
-        futures = [batcher.submit(SHAPES_IMAGE, conf=0.25) for _ in range(3)]
-        results = [f.result(timeout=120) for f in futures]
-    alone = runtime.predict(SHAPES_IMAGE, conf=0.25)
-    for r in results:
-        assert r.boxes.xyxy.tolist() == alone.boxes.xyxy.tolist()
+def test_ncnn_runs_with_val_benchmark_the_batcher_and_serve(ncnn_export, tmp_path, capsys):
+    check_val_benchmark_batcher_serve(ncnn_export("yolo9").path, "ncnn", tmp_path, capsys)
 
 
 def test_ncnn_options_and_missing_package_are_one_line_before_any_work(tmp_path, monkeypatch):
