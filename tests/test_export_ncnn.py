@@ -56,6 +56,9 @@ def test_ncnn_refuses_a_family_whose_tensors_it_cannot_hold_before_any_work(fami
                                             r"rank-\d tensors and NCNN tensors hold at most 4 axes"):
         model.export(format="ncnn", imgsz=imgsz, output=tmp_path / "x_ncnn_model")
     assert not list(tmp_path.iterdir())
+    from libreyolo.engine.benchmark_formats import why_not_here
+
+    assert "cannot convert family" in why_not_here(model, "ncnn", imgsz=imgsz, batch=1, half=False)  # its row
 
 
 @pytest.mark.parametrize("family", CONVERTED)

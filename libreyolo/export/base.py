@@ -96,6 +96,13 @@ class Exporter:
     def check(self, opts: ExportOptions) -> None:
         """Format-specific argument checks, before anything is built."""
 
+    def check_family(self, family: Any) -> None:
+        """Refuse a family the format's converter cannot map (declared capabilities, before anything is built)."""
+        rank = family.export.tensor_rank
+        if self.max_tensor_rank is not None and rank > self.max_tensor_rank:
+            raise ArgumentError(f"format={self.name} cannot convert family {family.name}: its network builds "
+                                f"rank-{rank} tensors and {self.rank_limit}; export it to onnx or executorch instead")
+
     def resolve_output(self, model: Any, output: Any, name: Any) -> Path:
         """Where the artifact goes (checked before anything is built); the default is one file or
         package named by the format's suffix (:func:`libreyolo.export.driver.default_output`)."""
@@ -145,9 +152,9 @@ class Exporter:
 
 
 _MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti",
-            "triton": "triton", "ncnn": "ncnn"}
+            "triton": "triton", "ncnn": "ncnn", "tflite": "tflite"}
 _ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt", "pt2": "aoti",
-            "aotinductor": "aoti"}
+            "aotinductor": "aoti", "litert": "tflite"}
 FORMATS = tuple(_MODULES)
 
 
