@@ -13,7 +13,7 @@ from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str
 
 # artifact suffix -> runtime module under libreyolo.runtimes (filled by the export layer)
 ARTIFACT_SUFFIXES = {".onnx": "onnx", ".pte": "executorch", ".mlpackage": "coreml", ".engine": "tensorrt",
-                     ".pt2": "aoti", "_ncnn_model": "ncnn"}
+                     ".pt2": "aoti", "_ncnn_model": "ncnn", ".tflite": "tflite"}
 
 
 def artifact_runtime(path: str | Path) -> str | None:
