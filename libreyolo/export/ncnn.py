@@ -58,10 +58,10 @@ def run_pnnx(traced: Path, example: torch.Tensor, out: Path, work: Path) -> None
     if done.returncode != 0 or not (out / PARAM).is_file() or not (out / BIN).is_file():
         tail = "\n".join(log[-12:])
         raise ExportError(f"pnnx failed to convert the model (exit {done.returncode}):\n{tail}")
-    unsupported = sorted({m.group(1) for line in log if (m := re.search(r"not supported yet!? ?(\S+)?", line))
-                          and m.group(1)} | {line.split()[-1] for line in log if "is not supported" in line})
-    if unsupported:
-        raise ExportError(f"pnnx left operators NCNN cannot run: {', '.join(unsupported)}")
+    problems = list(dict.fromkeys(line.strip() for line in log
+                                  if "not supported" in line or "not exists or registered" in line))
+    if problems:
+        raise ExportError(f"pnnx could not map every operator to NCNN: {'; '.join(problems[:4])}")
 
 
 class NcnnExporter(Exporter):
