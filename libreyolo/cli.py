@@ -208,7 +208,8 @@ TRAIN_OPTS: dict[str, Opt] = {
 }
 
 VAL_OPTS: dict[str, Opt] = {
-    "model": Opt(str, None, "checkpoint (.pt) or artifact (.onnx, .pte, .pt2, .engine, .mlpackage)"),
+    "model": Opt(str, None, "checkpoint (.pt) or artifact (.onnx, .pte, .pt2, .engine, .mlpackage, .tflite, "
+                            "_ncnn_model/)"),
     **{k: VAL_OPTIONS[k] for k in ("data", "imgsz", "batch", "workers", "device", "conf", "iou", "max_det")},
 }
 
@@ -243,7 +244,7 @@ def cmd_val(args: dict[str, Any]) -> int:
 
 COMPARE_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) the artifact should come from"),
-    "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine)"),
+    "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine, .tflite, _ncnn_model/)"),
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
     "json": Opt(as_output_file, None, "also write the report as JSON to this path"),
     "data": Opt(str, None, "INT8 artifacts: the dataset the export calibrated on (rebuilds the quantized reference)"),

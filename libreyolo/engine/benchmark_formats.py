@@ -39,7 +39,8 @@ from libreyolo.utils.tempfiles import TempGuard
 
 EAGER, CUDA_GRAPH = "eager", "cuda_graph"
 INT8_SUFFIX = "-int8"
-CPU_ONLY = {"executorch", "coreml"}  # exported (traced) and run on the CPU whatever the model's device
+# exported (traced) and run on the CPU whatever the model's device
+CPU_ONLY = {"executorch", "coreml", "ncnn", "tflite"}
 # runtimes that need more than their exporter checks for (an engine is built only where it runs)
 NEEDS = {"tensorrt": ("tensorrt", "needs tensorrt and an NVIDIA GPU")}
 
@@ -110,6 +111,7 @@ def why_not_here(model: Any, fmt: str, *, imgsz: int, batch: int, half: bool) ->
     if reason:
         return reason
     try:
+        exporter.check_family(model.family)
         exporter.check(opts)
     except LibreYOLOError as exc:
         return str(exc)

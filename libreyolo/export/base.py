@@ -85,9 +85,20 @@ class Exporter:
     format_options: ClassVar[tuple[str, ...]] = ()
     # part of `libreyolo benchmark`'s default formats (False: it runs the same file as another row)
     benchmarked: ClassVar[bool] = True
+    # the largest tensor rank (batch included) the format's converter maps, None: no limit; families
+    # whose ExportContract.tensor_rank exceeds it are refused with ``rank_limit`` as the reason
+    max_tensor_rank: ClassVar[int | None] = None
+    rank_limit: ClassVar[str] = ""
 
     def check(self, opts: ExportOptions) -> None:
         """Format-specific argument checks, before anything is built."""
+
+    def check_family(self, family: Any) -> None:
+        """Refuse a family the format's converter cannot map (declared capabilities, before anything is built)."""
+        rank = family.export.tensor_rank
+        if self.max_tensor_rank is not None and rank > self.max_tensor_rank:
+            raise ArgumentError(f"format={self.name} cannot convert family {family.name}: its network builds "
+                                f"rank-{rank} tensors and {self.rank_limit}; export it to onnx or executorch instead")
 
     def resolve_output(self, model: Any, output: Any, name: Any) -> Path:
         """Where the artifact goes (checked before anything is built); the default is one file or
@@ -146,14 +157,14 @@ def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Pa
         name = Path(str(name))
         if name.name != str(name):
             raise ArgumentError(f"name must be a file name without folders, got {str(name)!r}; use output= for a path")
-        path = folder / (name.name if name.suffix.lower() == exporter.suffix else name.name + exporter.suffix)
+        path = folder / (name.name if name.name.lower().endswith(exporter.suffix) else name.name + exporter.suffix)
     elif output is not None:
         path = Path(output)
-        if path.is_dir() and path.suffix.lower() != exporter.suffix:
+        if path.is_dir() and not path.name.lower().endswith(exporter.suffix):
             path = path / (stem + exporter.suffix)
     else:
         path = folder / (stem + exporter.suffix)
-    if path.suffix.lower() != exporter.suffix:
+    if not path.name.lower().endswith(exporter.suffix):  # a file suffix, or a folder's ending (_ncnn_model)
         raise ArgumentError(f"output {str(path)!r} must end in {exporter.suffix} for format={exporter.name} "
                             "(runtimes are chosen by the file suffix)")
     # what is in the way is found now, not after the export has run
@@ -173,9 +184,9 @@ def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Pa
 
 
 _MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti",
-            "triton": "triton"}
+            "triton": "triton", "ncnn": "ncnn", "tflite": "tflite"}
 _ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt", "pt2": "aoti",
-            "aotinductor": "aoti"}
+            "aotinductor": "aoti", "litert": "tflite"}
 FORMATS = tuple(_MODULES)
 
 

@@ -70,6 +70,7 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
                             f"family {model.family.name} declares static shapes; export format=onnx instead")
     if not exporter.onnx_options and (opset is not None or simplify):
         raise ArgumentError(f"opset/simplify apply to ONNX-based formats, not format={fmt}")
+    exporter.check_family(model.family)
     autotune = _flag("autotune", autotune)
     if autotune and not exporter.autotune_option:
         raise ArgumentError(f"autotune applies only to format=aoti (on CUDA), not format={fmt}")

@@ -296,3 +296,44 @@ def toolchain_versions(*dists: str) -> dict[str, str]:
         if found is not None:
             versions[name] = found
     return versions
+
+
+FOLDER_METADATA = "metadata.json"  # a folder artifact's metadata file (NCNN)
+
+
+def folder_content_sha256(folder: str | Path, skip: tuple[str, ...] = (FOLDER_METADATA,)) -> str:
+    """sha256 of a folder artifact: every file by relative path and content, except ``skip``."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip):
+        h.update(file.relative_to(folder).as_posix().encode() + b"\0")
+        h.update(bytes.fromhex(sha256_file(file)))
+    return h.hexdigest()
+
+
+def write_folder_metadata(folder: str | Path, encoded: dict[str, str], meta: dict[str, Any]) -> Path:
+    """``<folder>/metadata.json``: the metadata stamped with the folder's hashes (``encoded``)."""
+    path = Path(folder) / FOLDER_METADATA
+    stored = json_normalised(meta) | {k: encoded[k] for k in UNHASHED[1:]}
+    from libreyolo.checkpoint import atomic_write
+
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(stored, indent=1, sort_keys=True)))
+    return path
+
+
+def read_folder_metadata(folder: str | Path, *, verify: bool = True) -> dict[str, Any]:
+    """Metadata of a folder artifact; with ``verify``, checked against the folder's hashes."""
+    folder = Path(folder)
+    path = folder / FOLDER_METADATA
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: its metadata file {FOLDER_METADATA} is missing; it is not a LibreYOLO "
+                              "export (or the folder is incomplete): re-export it")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{path} is {path.stat().st_size:,} bytes, too large for a metadata file")
+    meta = load_json(path.read_bytes(), str(path), CheckpointError)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} is not a LibreYOLO metadata file (expected a JSON object)")
+    encoded = encode(meta)
+    if verify:
+        check_integrity(encoded, folder_content_sha256(folder), str(folder))
+    return decode(encoded, str(folder))

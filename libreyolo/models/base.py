@@ -75,6 +75,12 @@ class ExportContract:
     # top-k keeps (DETR's encoder score head): near-ties at the edge of that selection let another
     # float32 program keep another candidate in the last rows (libreyolo.export.selection); None: no selection
     selection: str | None = None
+    # the largest rank (batch axis included) of a tensor the traced forward builds: 4 for
+    # convolutional networks, 5 for attention that splits q/k/v along a new axis, 6 for window
+    # attention and deformable sampling; a format whose tensors hold fewer axes
+    # (Exporter.max_tensor_rank) refuses the family before anything is built (checked against the
+    # trace in tests/test_export_ncnn.py)
+    tensor_rank: int = 4
 
     def cosine_floor(self, fmt: str, precision: str, device: str = "cpu") -> float:
         """The minimum cosine for one format, precision and device type (most specific key wins);

@@ -30,6 +30,7 @@ from libreyolo.models.base import ExportContract, Family, OutputGroup
 from libreyolo.ops.pad import PadMeta, PadToMultiple
 
 RESTORE_EXPORT = ExportContract(
+    tensor_rank=6,  # SwinIR's window partition (B, H/w, w, W/w, w, C)
     input_name="images",
     image_input=True,  # the 8-bit image / 255: the network subtracts its mean inside
     output_names=("image",),

@@ -25,6 +25,7 @@ _DEVICE_POSTPROCESS = SetPostprocess("pred_logits", "pred_boxes")
 # plus a relative 1e-5, and float16 ones (TensorRT) to a looser bound: decoders drift in fp16
 # (docs/export.md)
 DETR_EXPORT = ExportContract(
+    tensor_rank=6,  # deformable attention's sampling grids (B, queries, heads, levels, points, 2)
     input_name="images",
     output_names=("pred_logits", "pred_boxes"),
     output_axes={"pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}},

@@ -7,9 +7,11 @@ reference's: which blocks shift their windows is decided for that size.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
-from libreyolo.models.classify import ClassifyFamily
+from libreyolo.models.classify import CLASSIFY_EXPORT, ClassifyFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.swin.network import SIZES, SwinTransformer
 
@@ -26,6 +28,7 @@ class Swin(ClassifyFamily):
     fixed_imgsz = 224
     fixed_imgsz_reason = "which blocks shift their windows is laid out for 224 px"
     nc_key = "head.fc.bias"
+    export = dataclasses.replace(CLASSIFY_EXPORT, tensor_rank=6)  # window partition (B, H/w, w, W/w, w, C)
     SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-graph-parity-*)
 
     def build(self, size: str, nc: int) -> nn.Module:

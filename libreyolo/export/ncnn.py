@@ -1,0 +1,134 @@
+"""NCNN export: a TorchScript trace -> ``pnnx`` -> ``<stem>_ncnn_model/`` (``model.ncnn.param`` +
+``model.ncnn.bin``, fp32 weights) with ``metadata.json`` bound to the two files by their sha256.
+
+pnnx reads the TorchScript trace of the same :class:`~libreyolo.export.module.ExportModule` the ONNX
+exporter traces (fused kernels decline while tracing, so the portable paths are what it sees), and
+writes NCNN's graph directly. Validated with the ``ncnn`` Python package on the CPU, with every
+fp16/bf16 option switched off (:mod:`libreyolo.runtimes.ncnn`).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo.errors import ArgumentError, require
+from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.metadata import folder_content_sha256, write_folder_metadata
+
+EXTRA = "ncnn"
+PARAM, BIN = "model.ncnn.param", "model.ncnn.bin"
+PNNX_TIMEOUT_S = 900
+
+
+def param_layers(path: str | Path) -> list[tuple[str, str, list[str], list[str], str]]:
+    """The layers of an NCNN ``.param`` file: (type, name, input blobs, output blobs, parameters)."""
+    lines = Path(path).read_text().split("\n")
+    if not lines or lines[0].strip() != "7767517":
+        raise ValueError(f"{path} is not an NCNN param file (magic {lines[0][:20]!r})")
+    layers = []
+    for line in lines[2:]:
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        kind, name, n_in, n_out = parts[0], parts[1], int(parts[2]), int(parts[3])
+        ins, outs = parts[4:4 + n_in], parts[4 + n_in:4 + n_in + n_out]
+        layers.append((kind, name, ins, outs, " ".join(parts[4 + n_in + n_out:])))
+    return layers
+
+
+def run_pnnx(traced: Path, example: torch.Tensor, out: Path, work: Path) -> None:
+    """Convert a saved TorchScript module with pnnx's executable; NCNN files go to ``out``."""
+    pnnx = require("pnnx", EXTRA, "NCNN export")
+    traced, out, work = traced.resolve(), out.resolve(), work.resolve()
+    shape = "[" + ",".join(str(int(s)) for s in example.shape) + "]f32"
+    args = [pnnx.EXEC_PATH, str(traced), f"inputshape={shape}", "fp16=0", "device=cpu",
+            f"ncnnparam={out / PARAM}", f"ncnnbin={out / BIN}", f"ncnnpy={work / 'model_ncnn.py'}",
+            f"pnnxparam={work / 'model.pnnx.param'}", f"pnnxbin={work / 'model.pnnx.bin'}",
+            f"pnnxpy={work / 'model_pnnx.py'}", f"pnnxonnx={work / 'model.pnnx.onnx'}"]
+    try:
+        done = subprocess.run(args, cwd=work, capture_output=True, text=True, timeout=PNNX_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ExportError(f"pnnx did not finish within {PNNX_TIMEOUT_S} s") from None
+    log = (done.stdout + done.stderr).strip().splitlines()
+    if done.returncode != 0 or not (out / PARAM).is_file() or not (out / BIN).is_file():
+        tail = "\n".join(log[-12:])
+        raise ExportError(f"pnnx failed to convert the model (exit {done.returncode}):\n{tail}")
+    problems = list(dict.fromkeys(line.strip() for line in log
+                                  if "not supported" in line or "not exists or registered" in line))
+    if problems:
+        raise ExportError(f"pnnx could not map every operator to NCNN: {'; '.join(problems[:4])}")
+
+
+class NcnnExporter(Exporter):
+    name = "ncnn"
+    suffix = "_ncnn_model"
+    runtime = "ncnn"
+    extra = EXTRA
+    toolchain = ("pnnx", "ncnn")
+    is_directory = True
+    # NCNN's Mat holds at most 4 axes; pnnx maps a batch-1 tensor to it by dropping the batch axis, so
+    # rank 5 works only while the batch axis stays first. Measured with pnnx 20261020: ViT's q/k/v split
+    # (rank 5, permuted batch) is dropped ("ignore Tensor.reshape ... shape=(3,1,3,197,64)") and the
+    # param file does not load; RT-DETR's deformable sampling fails ("binaryop tensor0 with rank 6 is
+    # not supported yet", "reshape: target exceeds ncnn physical rank")
+    max_tensor_rank = 4
+    rank_limit = ("NCNN tensors hold at most 4 axes with the batch axis (pnnx cannot map q/k/v splits, window "
+                  "partitions or deformable sampling grids)")
+
+    def check(self, opts: ExportOptions) -> None:
+        require("pnnx", EXTRA, "NCNN export")
+        require("ncnn", EXTRA, "NCNN export")
+        if opts.device.type != "cpu":
+            raise ArgumentError(f"NCNN models are exported on the CPU (pnnx reads a CPU trace); "
+                                f"got device={opts.device}")
+        if opts.batch != 1:
+            raise ArgumentError(f"NCNN runs one image per call (its tensors have no batch axis); "
+                                f"got batch={opts.batch}: export with batch=1 (predict() and val() run batches "
+                                "one image at a time)")
+
+    def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
+              work: Path) -> None:
+        module.float().eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                traced = torch.jit.trace(module, example, strict=False, check_trace=False)
+            except Exception as exc:
+                raise ExportError(f"NCNN export: tracing failed: {type(exc).__name__}: {exc}") from exc
+        saved = work / "model.pt"
+        traced.save(str(saved))
+        path.mkdir()
+        run_pnnx(saved, example, path, work)
+        outputs = [o for layer in param_layers(path / PARAM) for o in layer[3] if re.fullmatch(r"out\d+", o)]
+        expected = [f"out{i}" for i in range(len(module.output_names()))]
+        if sorted(outputs) != expected:
+            raise ExportError(f"pnnx wrote outputs {sorted(outputs)}, expected {expected} "
+                              f"({', '.join(module.output_names())})")
+
+    def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
+        write_folder_metadata(path, encoded, meta)
+
+    def content_sha256(self, path: Path) -> str:
+        return folder_content_sha256(path)
+
+    def not_validated_reason(self, opts: ExportOptions) -> str | None:
+        try:
+            import ncnn  # noqa: F401
+        except ImportError:
+            return "the ncnn Python package is not importable here (pip install 'libreyolo[ncnn]')"
+        return None
+
+    def report_notes(self, final: Path, opts: ExportOptions) -> list[str]:
+        return ["run by ncnn with fp16/bf16 storage, packing and arithmetic off (fp32), as LibreYOLO's runtime "
+                "runs it; an app must set the same Net options (see docs/export.md)"]
+
+    def graph_ops(self, path: Path) -> set[str]:
+        return {layer[0] for layer in param_layers(path / PARAM)}
+
+
+EXPORTER = NcnnExporter()

@@ -1,0 +1,144 @@
+"""NCNN export (pnnx -> <stem>_ncnn_model/) and its runtime (the ncnn package, fp32 options):
+for a YOLO and SegFormer the artifact validates against eager with the float64-derived tolerances
+and predicts like eager through LibreYOLO(folder); a copy whose last weights were scaled by 5% is
+refused by its hash and, loaded with verify=False, by compare(). A DETR and a classifier build
+tensors of a rank NCNN cannot hold: their export is refused in one line before anything is built,
+and every family's declared rank is checked against its trace."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+pytest.importorskip("pnnx", reason="pnnx is not installed (pip install 'libreyolo[ncnn]')")
+pytest.importorskip("ncnn", reason="ncnn is not installed (pip install 'libreyolo[ncnn]')")
+
+from libreyolo import LibreYOLO  # noqa: E402
+from libreyolo.errors import ArgumentError, CheckpointError, MissingDependencyError  # noqa: E402
+from libreyolo.export.base import get_exporter  # noqa: E402
+from libreyolo.export.compare import compare  # noqa: E402
+from tests.edge_formats import (  # noqa: E402
+    FAMILIES,
+    assert_predicts_like_eager,
+    check_val_benchmark_batcher_serve,
+    copy_artifact,
+    family_model,
+    scale_tail_floats,
+)
+
+_EXPORTS: dict = {}
+LIMIT = get_exporter("ncnn").max_tensor_rank
+CONVERTED = [f for f in FAMILIES if family_model(f)[0].family.export.tensor_rank <= LIMIT]
+REFUSED = [f for f in FAMILIES if f not in CONVERTED]
+
+
+@pytest.fixture(scope="module")
+def ncnn_export(tmp_path_factory):
+    """family -> export report, each exported once per module (the first test that needs it)."""
+    def get(family: str):
+        if family not in _EXPORTS:
+            model, imgsz = family_model(family)
+            out = tmp_path_factory.mktemp(f"ncnn-{family}") / f"{family}_ncnn_model"
+            _EXPORTS[family] = model.export(format="ncnn", imgsz=imgsz, output=out, verbose=False)
+        return _EXPORTS[family]
+    return get
+
+
+def test_the_yolo_and_segformer_convert_and_the_detr_and_vit_are_refused():
+    assert CONVERTED == ["yolo9", "segformer"] and REFUSED == ["rtdetr", "vit"]
+
+
+@pytest.mark.parametrize("family", REFUSED)
+def test_ncnn_refuses_a_family_whose_tensors_it_cannot_hold_before_any_work(family, tmp_path):
+    model, imgsz = family_model(family)
+    with pytest.raises(ArgumentError, match=f"format=ncnn cannot convert family {family}: its network builds "
+                                            r"rank-\d tensors and NCNN tensors hold at most 4 axes"):
+        model.export(format="ncnn", imgsz=imgsz, output=tmp_path / "x_ncnn_model")
+    assert not list(tmp_path.iterdir())
+    from libreyolo.engine.benchmark_formats import why_not_here
+
+    assert "cannot convert family" in why_not_here(model, "ncnn", imgsz=imgsz, batch=1, half=False)  # its row
+
+
+@pytest.mark.parametrize("family", CONVERTED)
+def test_ncnn_artifact_validates_and_predicts_like_eager(ncnn_export, family):
+    report = ncnn_export(family)
+    v = report.validation
+    assert v.status == "passed", v.text()
+    assert v.runtime.startswith("ncnn") and "fp32" in v.runtime
+    assert v.worst()["worst_ratio"] <= 1.0
+    assert sorted(p.name for p in report.path.iterdir()) == ["metadata.json", "model.ncnn.bin", "model.ncnn.param"]
+    runtime = LibreYOLO(report.path)
+    assert runtime.format == "ncnn" and runtime.metadata["family"] == family
+    assert not any(getattr(runtime.net.opt, o) for o in ("use_fp16_storage", "use_fp16_packed",
+                                                         "use_fp16_arithmetic", "use_bf16_storage"))
+    model, imgsz = family_model(family)
+    assert_predicts_like_eager(model, runtime, imgsz)
+
+
+def test_mutated_ncnn_artifact_is_refused(ncnn_export, tmp_path):
+    """Mutation: the last 5% of model.ncnn.bin (the head's weights) scaled by 1.05. The hash refuses it
+    on load; loaded anyway (verify=False), the same validation as the export's refuses its outputs."""
+    family = "yolo9"
+    report = ncnn_export(family)
+    bad = copy_artifact(report.path, tmp_path / f"bad_{family}_ncnn_model")
+    scale_tail_floats(bad / "model.ncnn.bin")
+    with pytest.raises(CheckpointError, match="model bytes do not match"):
+        LibreYOLO(bad)
+    model, _ = family_model(family)
+    assert compare(model, LibreYOLO(bad, verify=False)).status == "failed"
+
+
+def test_edited_ncnn_metadata_is_refused(ncnn_export, tmp_path):
+    report = ncnn_export("yolo9")
+    bad = copy_artifact(report.path, tmp_path / "edited_ncnn_model")
+    meta = json.loads((bad / "metadata.json").read_text())
+    meta["names"]["0"] = "renamed"
+    (bad / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="metadata was edited"):
+        LibreYOLO(bad)
+    (bad / "metadata.json").unlink()
+    with pytest.raises(CheckpointError, match="metadata.json is missing"):
+        LibreYOLO(bad)
+
+
+def test_ncnn_runs_with_val_benchmark_the_batcher_and_serve(ncnn_export, tmp_path, capsys):
+    check_val_benchmark_batcher_serve(ncnn_export("yolo9").path, "ncnn", tmp_path, capsys)
+
+
+def test_ncnn_options_and_missing_package_are_one_line_before_any_work(tmp_path, monkeypatch):
+    model, imgsz = family_model("yolo9")
+    with pytest.raises(ArgumentError, match="NCNN runs one image per call"):
+        model.export(format="ncnn", imgsz=imgsz, batch=2, output=tmp_path / "b_ncnn_model")
+    with pytest.raises(ArgumentError, match="must end in _ncnn_model"):
+        model.export(format="ncnn", imgsz=imgsz, output=tmp_path / "x.onnx")
+    with pytest.raises(ArgumentError, match="dynamic=True is not possible for format=ncnn"):
+        model.export(format="ncnn", imgsz=imgsz, dynamic=True, output=tmp_path / "d_ncnn_model")
+    monkeypatch.setitem(sys.modules, "pnnx", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'libreyolo\[ncnn\]'"):
+        model.export(format="ncnn", imgsz=imgsz, output=tmp_path / "m_ncnn_model")
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_family_declares_the_largest_tensor_rank_of_its_trace():
+    """ExportContract.tensor_rank is what the refusal above relies on: it must be the largest rank of a
+    tensor in the family's TorchScript trace (the graph pnnx reads), for every registered family."""
+    import warnings
+
+    import torch
+
+    from libreyolo.export.module import ExportModule
+    from libreyolo.models.registry import families
+
+    for name, fam in families().items():
+        torch.manual_seed(0)
+        model = LibreYOLO(f"{fam.filename(fam.default_size)}.yaml")
+        imgsz = getattr(fam, "fixed_imgsz", None) or 2 * fam.stride
+        module = ExportModule(model.net.float().eval(), fam, None, nc=model.nc).eval()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = torch.jit.trace(module, torch.rand(1, 3, imgsz, imgsz), strict=False, check_trace=False)
+        ranks = [o.type().dim() for node in graph.inlined_graph.nodes() for o in node.outputs()
+                 if isinstance(o.type(), torch._C.TensorType) and o.type().dim() is not None]
+        assert max(ranks) == fam.export.tensor_rank, (name, max(ranks), fam.export.tensor_rank)

@@ -1,0 +1,103 @@
+"""LiteRT (TFLite) export (litert-torch -> .tflite + .tflite.json) and its runtime (the LiteRT
+interpreter): for a YOLO, a DETR, a classifier and SegFormer the artifact validates against eager
+with the float64-derived tolerances and predicts like eager through LibreYOLO(path); a copy whose
+head bias was scaled by 5% is refused by its hash and, loaded with verify=False, by compare().
+Conversion is slow on two cores (minutes per model), so each family is exported once per module."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+pytest.importorskip("litert_torch", reason="litert-torch is not installed (pip install 'libreyolo[tflite]')")
+pytest.importorskip("ai_edge_litert.interpreter", reason="ai-edge-litert is not installed (pip install "
+                    "'libreyolo[tflite]')")
+
+from libreyolo import LibreYOLO  # noqa: E402
+from libreyolo.errors import ArgumentError, CheckpointError, MissingDependencyError  # noqa: E402
+from libreyolo.export.base import get_exporter  # noqa: E402
+from libreyolo.export.compare import compare  # noqa: E402
+from libreyolo.export.metadata import sidecar_path  # noqa: E402
+from tests.edge_formats import (  # noqa: E402
+    FAMILIES,
+    assert_predicts_like_eager,
+    check_val_benchmark_batcher_serve,
+    copy_artifact,
+    family_model,
+    scale_tensor_in_file,
+)
+
+_EXPORTS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def tflite_export(tmp_path_factory):
+    """family -> export report, each exported once per module (the first test that needs it)."""
+    def get(family: str):
+        if family not in _EXPORTS:
+            model, imgsz = family_model(family)
+            out = tmp_path_factory.mktemp(f"tflite-{family}") / f"{family}.tflite"
+            _EXPORTS[family] = model.export(format="tflite", imgsz=imgsz, output=out, verbose=False)
+        return _EXPORTS[family]
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tflite_artifact_validates_and_predicts_like_eager(tflite_export, family):
+    report = tflite_export(family)
+    v = report.validation
+    assert v.status == "passed", v.text()
+    assert v.runtime.startswith("ai-edge-litert")
+    assert v.worst()["worst_ratio"] <= 1.0
+    assert sidecar_path(report.path).is_file()
+    runtime = LibreYOLO(report.path)
+    assert runtime.format == "tflite" and runtime.metadata["family"] == family
+    model, imgsz = family_model(family)
+    assert_predicts_like_eager(model, runtime, imgsz)
+    ops = get_exporter("tflite").graph_ops(report.path)
+    assert not [op for op in ops if "CUSTOM" in op.upper() or "FLEX" in op.upper()], ops
+
+
+def test_mutated_tflite_artifact_is_refused(tflite_export, tmp_path):
+    """Mutation: the bias of the demo detector's class convolution on the finest level (found by its bytes
+    in the flatbuffer) scaled by 1.05: scores move by up to 0.09. The hash refuses it on load; loaded
+    anyway (verify=False), the same validation as the export's refuses its outputs. (The coarsest
+    level's bias, tried first, moves this trained detector's saturated scores by 2e-8 only, within the
+    allowance: compare() passed it, rightly.)"""
+    report = tflite_export("yolo9")
+    model, _ = family_model("yolo9")
+    bad = copy_artifact(report.path, tmp_path / "bad.tflite")
+    copy_artifact(sidecar_path(report.path), sidecar_path(bad))
+    bias = dict(model.net.named_parameters())["head.cv3.0.2.bias"]
+    scale_tensor_in_file(bad, bias, 1.05)
+    with pytest.raises(CheckpointError, match="model bytes do not match"):
+        LibreYOLO(bad)
+    assert compare(model, LibreYOLO(bad, verify=False)).status == "failed"
+
+
+def test_tflite_runs_with_val_benchmark_the_batcher_and_serve(tflite_export, tmp_path, capsys):
+    check_val_benchmark_batcher_serve(tflite_export("yolo9").path, "tflite", tmp_path, capsys)
+
+
+def test_tflite_options_and_missing_package_are_one_line_before_any_work(tmp_path, monkeypatch):
+    model, imgsz = family_model("yolo9")
+    with pytest.raises(ArgumentError, match="must end in .tflite"):
+        model.export(format="tflite", imgsz=imgsz, output=tmp_path / "x.onnx")
+    with pytest.raises(ArgumentError, match="dynamic=True is not possible for format=tflite"):
+        model.export(format="tflite", imgsz=imgsz, dynamic=True, output=tmp_path / "d.tflite")
+    monkeypatch.setitem(sys.modules, "litert_torch", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'libreyolo\[tflite\]'"):
+        model.export(format="tflite", imgsz=imgsz, output=tmp_path / "m.tflite")
+    assert not list(tmp_path.iterdir())
+
+
+def test_tflite_fp16_weights_validate_and_halve_the_file(tflite_export, tmp_path):
+    """half=True: weight-only fp16 (a DEQUANTIZE before the convolutions), validated with the fp16 rules."""
+    fp32 = tflite_export("yolo9")
+    model, imgsz = family_model("yolo9")
+    report = model.export(format="tflite", imgsz=imgsz, half=True, output=tmp_path / "h.tflite", verbose=False)
+    assert report.validation.status == "passed", report.validation.text()
+    assert report.metadata["precision"] == "fp16" and report.metadata["input_dtype"] == "float32"
+    assert report.path.stat().st_size < 0.7 * fp32.path.stat().st_size
+    assert "DEQUANTIZE" in get_exporter("tflite").graph_ops(report.path)
+    assert_predicts_like_eager(model, LibreYOLO(report.path), imgsz)
