@@ -13,7 +13,14 @@ from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str
 
 # artifact suffix -> runtime module under libreyolo.runtimes (filled by the export layer)
 ARTIFACT_SUFFIXES = {".onnx": "onnx", ".pte": "executorch", ".mlpackage": "coreml", ".engine": "tensorrt",
-                     ".pt2": "aoti"}
+                     ".pt2": "aoti", "_openvino_model": "openvino"}
+
+
+def artifact_runtime(path: str | Path) -> str | None:
+    """The runtime module of an artifact path: by its suffix, or the ending of its folder name
+    (``x_openvino_model``); None for anything else."""
+    name = Path(path).name.lower()
+    return next((runtime for end, runtime in ARTIFACT_SUFFIXES.items() if name.endswith(end)), None)
 
 
 def _from_yaml(path: Path, nc: Any, names: Any, device: Any):
@@ -93,7 +100,8 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
       (``LibreYOLO/<stem>``, needs ``pip install 'libreyolo[hub]'``), unless the package ships a
       checkpoint of that name (``"LibreYOLO9t-shapes.pt"``, the demo detector of coloured shapes).
     - ``"LibreYOLO9t.yaml"``: the untrained architecture (``nc``/``names`` set the classes).
-    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2"``: an exported artifact through its runtime.
+    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2" | "x_openvino_model/"``: an exported artifact
+      through its runtime.
     - ``"grpc://host:8001/name"`` or ``"http://host:8000/name"``: a model served by Triton Inference Server
       (exported with ``format="triton"``; ``pip install 'libreyolo[triton]'``); a local Triton model folder
       (``<repository>/<name>``) runs the ``model.onnx`` it serves with ONNX Runtime.
@@ -134,12 +142,12 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
         return _from_yaml(path, nc, names, dev)
     if triton.is_model_folder(path):  # <repository>/<name> of export(format="triton"): the model.onnx it serves
         return triton.load(path, device=dev, verify=verify, **runtime_kwargs)
-    if suffix in ARTIFACT_SUFFIXES:
+    if artifact_runtime(path):
         import importlib
 
         if not path.exists():
             raise CheckpointError(f"artifact not found: {path}")
-        runtime = importlib.import_module(f"libreyolo.runtimes.{ARTIFACT_SUFFIXES[suffix]}")
+        runtime = importlib.import_module(f"libreyolo.runtimes.{artifact_runtime(path)}")
         return runtime.load(path, device=dev, verify=verify, **runtime_kwargs)
     if runtime_kwargs:
         raise TypeError(f"unexpected arguments for an eager model: {sorted(runtime_kwargs)}")
@@ -166,7 +174,7 @@ def _refuse_artifact(model: Any, compile_mode: bool | str) -> None:
     from libreyolo.runtimes import triton
 
     if isinstance(model, (str, Path)):
-        what = model if (triton.is_url(model) or Path(model).suffix.lower() in ARTIFACT_SUFFIXES) else None
+        what = model if (triton.is_url(model) or artifact_runtime(model)) else None
     else:
         what = None if isinstance(model, Model) else type(model).__name__
     if what is not None:

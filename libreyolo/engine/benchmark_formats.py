@@ -38,7 +38,7 @@ from libreyolo.utils.log import LOGGER
 
 EAGER, CUDA_GRAPH = "eager", "cuda_graph"
 INT8_SUFFIX = "-int8"
-CPU_ONLY = {"executorch", "coreml"}  # exported (traced) and run on the CPU whatever the model's device
+CPU_ONLY = {"executorch", "coreml", "openvino"}  # exported (traced) and run on the CPU whatever the model's device
 # runtimes that need more than their exporter checks for (an engine is built only where it runs)
 NEEDS = {"tensorrt": ("tensorrt", "needs tensorrt and an NVIDIA GPU")}
 

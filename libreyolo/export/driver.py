@@ -127,14 +127,14 @@ def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Pa
         name = Path(str(name))
         if name.name != str(name):
             raise ArgumentError(f"name must be a file name without folders, got {str(name)!r}; use output= for a path")
-        path = folder / (name.name if name.suffix.lower() == exporter.suffix else name.name + exporter.suffix)
+        path = folder / (name.name if name.name.lower().endswith(exporter.suffix) else name.name + exporter.suffix)
     elif output is not None:
         path = Path(output)
-        if path.is_dir() and path.suffix.lower() != exporter.suffix:
+        if path.is_dir() and not path.name.lower().endswith(exporter.suffix):
             path = path / (stem + exporter.suffix)
     else:
         path = folder / (stem + exporter.suffix)
-    if path.suffix.lower() != exporter.suffix:
+    if not path.name.lower().endswith(exporter.suffix):  # a suffix, or a folder name's ending (_openvino_model)
         raise ArgumentError(f"output {str(path)!r} must end in {exporter.suffix} for format={exporter.name} "
                             "(runtimes are chosen by the file suffix)")
     # what is in the way is found now, not after the export has run
@@ -176,6 +176,7 @@ def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: Expor
         "precision": opts.precision, "dynamic_axes": axes, "nms": opts.nms,
         "export_args": opts.as_metadata(), "versions": toolchain_versions(*exporter.toolchain),
         "source_weights_sha256": weights,
+        **({"runtime_config": config} if (config := exporter.runtime_config(opts)) else {}),
         "validation": {"status": "pending"},
     }
 
@@ -258,10 +259,10 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
            instances: int | None = None) -> ExportReport:
     """Export an eager model to an artifact, validate it against eager, and install it atomically.
 
-    ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt`` or ``aoti`` (AOTInductor ``.pt2``;
-    ``autotune=True`` tunes its CUDA kernels). ``imgsz`` defaults to the
-    model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``, ``max_det``)
-    embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
+    ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti`` (AOTInductor ``.pt2``;
+    ``autotune=True`` tunes its CUDA kernels) or ``openvino`` (an IR folder ``<stem>_openvino_model``).
+    ``imgsz`` defaults to the model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``,
+    ``max_det``) embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
     on data's train split), validated against the quantized eager model and refused when its
     accuracy on data's val split drops by more than ``max_drop`` (default 0.02;
     :mod:`libreyolo.export.int8`). ``validate=False`` skips the comparison with eager (with a loud warning);
@@ -342,6 +343,8 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                                "be wrong and nothing here would notice.")
             if report.status != "skipped":
                 report.notes.extend(exporter.report_notes(final, opts))
+            if report.status in ("passed", "failed"):
+                exporter.after_validation(built, opts, report)
             gate = None
             if opts.int8:
                 gate = int8_checks(exporter, built, opts, report)

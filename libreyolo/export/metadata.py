@@ -49,6 +49,7 @@ FIELDS: dict[str, type] = {
     "source_weights_sha256": str,
     "validation": dict,
     "quantization": dict,
+    "runtime_config": dict,
     "content_sha256": str,
     "metadata_sha256": str,
 }
