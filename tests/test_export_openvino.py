@@ -254,3 +254,15 @@ def test_cli_predict_and_compare_take_the_folder(demo_ir, tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["compare", f"model={DEMO}", f"artifact={report.path}/"]) == 0  # a trailing slash too
     assert capsys.readouterr().out.startswith("validation: passed (openvino")
+
+
+def test_an_fp16_ir_holds_half_weights_and_validates_at_f32_inference(demo_ir, tmp_path):
+    model, fp32 = demo_ir
+    half = model.export(format="openvino", imgsz=DEMO_IMGSZ, half=True, output=tmp_path / "h_openvino_model",
+                        verbose=False)
+    assert half.validation.status == "passed", half.validation.text()
+    assert half.metadata["precision"] == "fp16" and half.metadata["input_dtype"] == "float32"
+    assert half.metadata["runtime_config"] == {"INFERENCE_PRECISION_HINT": "f32"}
+    size, full = (half.path / BIN).stat().st_size, (fp32.path / BIN).stat().st_size
+    assert 0.45 * full < size < 0.55 * full, (size, full)  # float16 weights
+    assert any("fp16 drift" in n for n in half.validation.notes)

@@ -42,6 +42,8 @@ XML, BIN, METADATA = "model.xml", "model.bin", "metadata.json"
 VALIDATED_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
 # NNCF: activations asymmetric per tensor (as quantize()'s affine int8), weights symmetric per channel
 NNCF_PRESET = "mixed"
+NNCF_BIAS_CORRECTION = False
+NNCF_RANGE = "MINMAX"  # activation ranges: the min and max over the calibration images, as quantize()'s minmax
 
 
 def _ov(purpose: str = "OpenVINO export") -> Any:
@@ -124,7 +126,7 @@ def float_layers(plan: Any, onnx_path: Path) -> list[str]:
     quantize() keeps in float (the family's ``quant_exclude``, ``exclude=``)."""
     import onnx
 
-    from libreyolo.export.tensorrt import WEIGHT_OPS, node_module
+    from libreyolo.export.onnx import WEIGHT_OPS, node_module
 
     excluded = set(plan.quantized.quant_info()["excluded"])
     names = []
@@ -146,10 +148,16 @@ def quantize_nncf(model: Any, onnx_path: Path, opts: ExportOptions) -> tuple[Any
         raise ExportError(f"{len(missing)} layer(s) that stay in float have no operation of that name in the OpenVINO "
                           f"model (first: {missing[0]}), so NNCF could not leave them out; this is a bug, please "
                           "report it")
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
+    from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+    advanced = AdvancedQuantizationParameters(
+        disable_bias_correction=not NNCF_BIAS_CORRECTION,
+        activations_range_estimator_params=getattr(RangeEstimatorParametersSet, NNCF_RANGE))
     try:
         quantized = nncf.quantize(model, nncf.Dataset(items), preset=nncf.QuantizationPreset(NNCF_PRESET),
                                   subset_size=len(items), ignored_scope=nncf.IgnoredScope(names=ignored),
-                                  target_device=nncf.TargetDevice.CPU)
+                                  target_device=nncf.TargetDevice.CPU, advanced_parameters=advanced)
     except Exception as exc:
         raise ExportError(f"INT8 OpenVINO export failed in NNCF's quantization: {type(exc).__name__}: {exc}") from exc
     fq = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ops())
