@@ -266,3 +266,34 @@ def test_an_fp16_ir_holds_half_weights_and_validates_at_f32_inference(demo_ir, t
     size, full = (half.path / BIN).stat().st_size, (fp32.path / BIN).stat().st_size
     assert 0.45 * full < size < 0.55 * full, (size, full)  # float16 weights
     assert any("fp16 drift" in n for n in half.validation.notes)
+
+
+@pytest.fixture(scope="module")
+def demo_int8(tmp_path_factory):
+    """The demo detector's NNCF INT8 IR, calibrated on 8 generated shapes images and gated on 6."""
+    pytest.importorskip("nncf", reason="INT8 OpenVINO export needs nncf (pip install 'libreyolo[openvino]')")
+    pytest.importorskip("faster_coco_eval", reason="the accuracy gate needs libreyolo[train] (mAP)")
+    from libreyolo.train.shapes import make_shapes_dataset
+
+    data = make_shapes_dataset(tmp_path_factory.mktemp("ov-int8-shapes"), n_train=8, n_val=6, imgsz=DEMO_IMGSZ, seed=3)
+    report = _model("yolo9").export(format="openvino", imgsz=DEMO_IMGSZ, int8=True, data=str(data),
+                                    output=tmp_path_factory.mktemp("ov-int8") / "i_openvino_model", verbose=False)
+    return report
+
+
+def test_an_nncf_int8_ir_validates_and_keeps_the_demo_map_within_the_gate(demo_int8):
+    import openvino as ov
+
+    v = demo_int8.validation
+    assert v.status == "passed", v.text()
+    gate = demo_int8.metadata["validation"]["accuracy"]
+    assert gate["metric"] == "mAP50-95" and gate["passed"] and gate["drop"] <= gate["max_drop"] == 0.02, gate
+    assert gate["float"] > 0.5  # a trained detector: a broken artifact would show
+    q = demo_int8.metadata["quantization"]
+    assert demo_int8.metadata["precision"] == "int8" and q["calibrated"] == "at export"
+    assert q["nncf_fake_quantize_ops"] > 100 and q["nncf_float_layers"] == len(q["excluded"]) > 0
+    ops = {op.get_type_name() for op in ov.Core().read_model(str(demo_int8.path / XML)).get_ops()}
+    assert "FakeQuantize" in ops
+    runtime = LibreYOLO(demo_int8.path)
+    assert runtime.precision == "f32" and len(runtime.predict(SAMPLE_IMAGE, conf=0.25).boxes) > 0
+    runtime.with_config({})  # the NNCF IR also compiles with OpenVINO's CPU defaults

@@ -14,8 +14,9 @@ ONNX export and a largest output error of 7.6e-5 from eager; the torch frontend 
 
 Precision: ``half=True`` stores the weights as float16 (``compress_to_fp16``; OpenVINO decompresses
 them when it compiles); ``int8=True`` quantizes the float IR with NNCF's post-training quantization
-on the INT8 plan's calibration images (the same images quantize() calibrates on), leaving the layers
-quantize() keeps in float out. Every artifact is validated, and so run, at the CPU inference
+on the INT8 plan's calibration images (the same images quantize() calibrates on; min/max activation
+ranges as quantize()'s ``minmax``, no bias correction: chosen by the accuracy gate, docs/export.md),
+leaving the layers quantize() keeps in float out. Every artifact is validated, and so run, at the CPU inference
 precision f32: OpenVINO's CPU plugin otherwise computes in bf16 on CPUs with AVX512-BF16 or AMX
 (its default there), which moves boxes by pixels. The precision is recorded in the metadata
 (``runtime_config``) and the runtime (:mod:`libreyolo.runtimes.openvino`) compiles with exactly that
