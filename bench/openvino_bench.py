@@ -2,14 +2,16 @@
 
     python bench/openvino_bench.py [--imgsz 640] [--runs 30] [--threads N] [--out bench/results/...json]
 
-Each artifact is exported through ``model.export`` (OpenVINO fp32 and INT8 validated against eager;
-INT8 calibrated on a generated shapes train split and gated on its val split, the accuracy gate of
-every INT8 export), loaded with ``LibreYOLO(path)`` and timed on the letterboxed sample image at batch
-1: the artifact's forward (``_forward``: the runtime call plus the tensor hand-over), median of
-``--runs`` after warm-up. Also recorded: OpenVINO compiling the Q/DQ INT8 ONNX (``format=onnx
-int8=True``) with its CPU defaults and with the f32 hint, and the export report's measurement of what
-the CPU's default inference precision would change. Prints a table and writes JSON with the CPU, the
-versions and the command. The machine may be shared: the load average before and after is recorded.
+Each artifact is exported through ``model.export``: OpenVINO fp32 and INT8 validated against eager,
+the ONNX baseline not (CI validates it); INT8 calibrated on a generated shapes train split and judged
+by the accuracy gate on its val split at the default max_drop 0.02 (reported; the IR is written
+whatever the gate says, so that its speed is measured). Each is loaded with ``LibreYOLO(path)`` and
+timed on the letterboxed sample image at batch 1: the artifact's forward (``_forward``: the runtime
+call plus the tensor hand-over), median of ``--runs`` after warm-up. Also recorded: OpenVINO
+compiling the Q/DQ INT8 ONNX (``format=onnx int8=True``) with its CPU defaults and with the f32
+hint, and the export report's measurement of what the CPU's default inference precision would
+change. Prints a table and writes JSON with the CPU, the versions and the command. The machine may
+be shared: the load average before and after is recorded.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+GATE_MAX_DROP = 0.02  # the INT8 export's default accuracy gate
 sys.path.insert(0, str(ROOT))
 
 
@@ -89,9 +92,12 @@ def main() -> int:
         folder = Path(tmp)
         data = str(make_shapes_dataset(folder / "shapes", n_train=16, n_val=8, imgsz=args.imgsz, seed=3))
         x, _ = sample_batch(model.family, args.imgsz)
-        specs = [("onnxruntime fp32", "onnx", {}, "demo.onnx"),
+        # the ONNX baseline is validated by CI (tests/test_export_onnx.py); the INT8 IR is written whatever its
+        # gate says (max_drop=1), so that its speed is measured, and the gate at the default 0.02 is reported
+        specs = [("onnxruntime fp32", "onnx", {"validate": False}, "demo.onnx"),
                  ("openvino fp32", "openvino", {}, "demo_openvino_model"),
-                 ("openvino int8", "openvino", {"int8": True, "data": data}, "demo-int8_openvino_model")]
+                 ("openvino int8", "openvino", {"int8": True, "data": data, "max_drop": 1.0},
+                  "demo-int8_openvino_model")]
         for label, fmt, opts, name in specs:
             start = time.perf_counter()
             report = model.export(format=fmt, imgsz=args.imgsz, output=folder / name, verbose=False, **opts)
@@ -101,7 +107,8 @@ def main() -> int:
                    "export_s": round(export_s, 1), **time_forward(runtime, x, args.runs)}
             gate = report.metadata["validation"].get("accuracy")
             if gate:
-                row["gate"] = {k: gate[k] for k in ("metric", "float", "int8", "drop", "max_drop", "passed")}
+                row["gate"] = {k: gate[k] for k in ("metric", "float", "int8", "drop")}
+                row["gate"].update(max_drop=GATE_MAX_DROP, passed=gate["drop"] <= GATE_MAX_DROP)
             finding = report.metadata["validation"].get("findings", {}).get("cpu_default_precision")
             if finding:
                 row["cpu_default_precision"] = finding["line"]
