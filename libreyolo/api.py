@@ -13,7 +13,7 @@ from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str
 
 # artifact suffix -> runtime module under libreyolo.runtimes (filled by the export layer)
 ARTIFACT_SUFFIXES = {".onnx": "onnx", ".pte": "executorch", ".mlpackage": "coreml", ".engine": "tensorrt",
-                     ".pt2": "aoti", "_ncnn_model": "ncnn", ".tflite": "tflite"}
+                     ".pt2": "aoti", "_ncnn_model": "ncnn", ".tflite": "tflite", "_openvino_model": "openvino"}
 
 
 def artifact_runtime(path: str | Path) -> str | None:
@@ -100,7 +100,8 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
       (``LibreYOLO/<stem>``, needs ``pip install 'libreyolo[hub]'``), unless the package ships a
       checkpoint of that name (``"LibreYOLO9t-shapes.pt"``, the demo detector of coloured shapes).
     - ``"LibreYOLO9t.yaml"``: the untrained architecture (``nc``/``names`` set the classes).
-    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2"``: an exported artifact through its runtime.
+    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2" | "x_openvino_model/"``: an exported artifact
+      through its runtime.
     - ``"grpc://host:8001/name"`` or ``"http://host:8000/name"``: a model served by Triton Inference Server
       (exported with ``format="triton"``; ``pip install 'libreyolo[triton]'``); a local Triton model folder
       (``<repository>/<name>``) runs the ``model.onnx`` it serves with ONNX Runtime.

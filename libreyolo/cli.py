@@ -155,8 +155,8 @@ def _formats(name: str, value: object) -> list[str] | None:
 
 BENCH_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml); an artifact gets one row of its own"),
-    "formats": Opt(_formats, None, "comma list of onnx, executorch, coreml, tensorrt, aoti; 'eager' for the eager "
-                   "rows only; unset: every format, those that cannot run here with a row saying why"),
+    "formats": Opt(_formats, None, "comma list of onnx, executorch, coreml, tensorrt, aoti, openvino; 'eager' for "
+                   "the eager rows only; unset: every format, those that cannot run here with a row saying why"),
     "data": Opt(str, None, "the task's dataset (a YAML; an image-folder root for classify) for the metric column "
                 "(mAP50-95, top-1, mIoU)"),
     "floor": BENCH_OPTIONS["floor"],
@@ -209,7 +209,7 @@ TRAIN_OPTS: dict[str, Opt] = {
 
 VAL_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or artifact (.onnx, .pte, .pt2, .engine, .mlpackage, .tflite, "
-                            "_ncnn_model/)"),
+                            "_ncnn_model/, _openvino_model/)"),
     **{k: VAL_OPTIONS[k] for k in ("data", "imgsz", "batch", "workers", "device", "conf", "iou", "max_det")},
 }
 
@@ -244,7 +244,8 @@ def cmd_val(args: dict[str, Any]) -> int:
 
 COMPARE_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) the artifact should come from"),
-    "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine, .tflite, _ncnn_model/)"),
+    "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine, .tflite) or folder "
+                               "(_ncnn_model/, _openvino_model/)"),
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
     "json": Opt(as_output_file, None, "also write the report as JSON to this path"),
     "data": Opt(str, None, "INT8 artifacts: the dataset the export calibrated on (rebuilds the quantized reference)"),

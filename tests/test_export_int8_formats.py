@@ -1,15 +1,14 @@
-"""INT8 artifacts of the formats that quantize with their own toolchain (``int8_mode = "own"``).
+"""INT8 artifacts of CoreML and TensorRT.
 
 CoreML: 8-bit weights by coremltools, float activations; the package is built here (Linux) but
 not run, so its report says "not validated". TensorRT: the engine needs tensorrt and an NVIDIA
-GPU (absent here), so the export stops with the error naming them; the calibration cache it would
-use (quantize()'s input ranges in TensorRT's text format) is checked directly. The demo detector
+GPU (absent here), so the export stops with the error naming them; the Q/DQ ONNX its strongly typed
+build would use (quantize()'s parameters) is checked directly. The demo detector
 at imgsz 64 on a tiny generated shapes dataset keeps it fast.
 """
 from __future__ import annotations
 
 import importlib.util
-import struct
 import sys
 from pathlib import Path
 
@@ -112,16 +111,15 @@ def test_tensorrt_int8_without_tensorrt_stops_naming_the_extra_and_writes_nothin
 
 @pytest.fixture(scope="module")
 def quantized_graph(shapes, tmp_path_factory):
-    """A quantized demo model and the float ONNX graph the TensorRT exporter builds the engine from."""
+    """A quantized demo model and the ONNX graph the TensorRT exporter builds its engine from."""
     pytest.importorskip("onnx")
     from libreyolo.export import tensorrt as trt_exporter
     from libreyolo.export.base import ExportError
 
     seen = {}
 
-    def keep_graph(onnx_path, engine_path, opts, input_name, cache=None):
+    def keep_graph(onnx_path, engine_path, opts, input_name, **kw):
         seen["onnx"] = Path(onnx_path).read_bytes()
-        seen["cache"] = Path(cache).read_text()
         raise ExportError("stop here: no TensorRT in this test")
 
     mp = pytest.MonkeyPatch()
@@ -134,48 +132,33 @@ def quantized_graph(shapes, tmp_path_factory):
                          output=tmp_path_factory.mktemp("int8f-trt") / "x.engine", verbose=False)
     finally:
         mp.undo()
-    path = tmp_path_factory.mktemp("int8f-onnx") / "float.onnx"
+    path = tmp_path_factory.mktemp("int8f-onnx") / "qdq.onnx"
     path.write_bytes(seen["onnx"])
-    return model, path, seen["cache"]
+    return model, path
 
 
-def test_tensorrt_calibration_cache_holds_quantize_ranges_of_every_quantized_layer(quantized_graph):
+def test_tensorrt_int8_engine_is_built_from_the_qdq_onnx_with_quantize_scales(quantized_graph):
+    """Strongly typed INT8 (TensorRT 10 and 11): explicit quantization, the Q/DQ graph of quantize()'s
+    layers with its parameters bit for bit (no calibrator, no INT8 builder flag)."""
+    import numpy as np
     import onnx
 
-    from libreyolo.export.tensorrt import calibration_cache, input_amax, quantized_inputs
-    from libreyolo.quant.simulate import QuantConv2d, QuantLinear
+    from libreyolo.export.onnx import EXPORTER as ONNX
+    from libreyolo.quant.qdq import expected_parameters, export_view
 
-    model, path, cache = quantized_graph
-    layers = {n: m for n, m in model.net.named_modules() if isinstance(m, (QuantConv2d, QuantLinear))}
-    assert len(layers) == model.quant_info()["count"] > 100
-    lines = cache.splitlines()
-    assert lines[0] == "TRT-0-EntropyCalibration2"  # no TensorRT here: version 0 (the build stops anyway)
-    assert calibration_cache(model.net, path, "8.6.1").splitlines()[0] == "TRT-8601-EntropyCalibration2"
-    assert calibration_cache(model.net, path, "10.3.0").splitlines()[1:] == lines[1:]
-    graph = onnx.load(str(path)).graph
-    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in graph.node)  # the float graph
-    tensors = {i.name for i in graph.input} | {o for n in graph.node for o in n.output}
-    entries = dict(line.split(": ") for line in lines[1:])
-    assert len(entries) == len(lines) - 1 and set(entries) <= tensors
-    assert "images" in entries  # the first conv reads the network input
-    inputs = quantized_inputs(model.net, path)
-    covered = {name for _, names in inputs.values() for name in names}
-    assert covered == set(layers)  # every quantized layer's input has a range; the excluded ones none
-    assert not covered & set(model.quant_info()["excluded"])
-    for tensor, (_amax, names) in inputs.items():
-        scale = struct.unpack(">f", bytes.fromhex(entries[tensor]))[0]
-        want = max(input_amax(float(layers[n].quant_input_scale), int(layers[n].quant_input_zero_point))
-                   for n in names)
-        assert scale == pytest.approx(want / 127, rel=1e-6) and scale > 0, tensor
+    model, path = quantized_graph
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    expected = expected_parameters(export_view(model.net))
+    got = ONNX.int8_parameters(path)
+    assert len(expected) // 4 == model.quant_info()["count"] > 100
+    wrong = [k for k, v in expected.items() if not np.array_equal(got.get(f"net.{k}"), v.numpy())]
+    assert not wrong, wrong[:5]
 
 
-def test_tensorrt_cache_helpers_match_the_format():
-    from libreyolo.export.tensorrt import hex_scale, input_amax, node_module, version_tag
+def test_onnx_node_names_map_to_module_paths():
+    from libreyolo.export.onnx import node_module
 
-    assert hex_scale(0.5) == "3f000000" and hex_scale(1.0) == "3f800000"
-    assert version_tag("8.6.1.6") == "8601" and version_tag("10.3.0") == "100300" and version_tag("7.1.3.4") == "7103"
-    assert input_amax(0.1, -28) == pytest.approx(15.5)  # low (-128+28)*0.1 = -10, high (127+28)*0.1 = 15.5
-    assert input_amax(0.1, 100) == pytest.approx(22.8)  # low -22.8, high 2.7
     assert node_module("/net/backbone/elan2/cv2/cv2.0/m/m.1/cv1/conv/Conv") == "backbone.elan2.cv2.0.m.1.cv1.conv"
     assert node_module("/net/head/cv2/cv2.0/cv2.0.2/Conv_1") == "head.cv2.0.2"
     assert node_module("/other/x/Conv") is None

@@ -40,7 +40,7 @@ from libreyolo.utils.tempfiles import TempGuard
 EAGER, CUDA_GRAPH = "eager", "cuda_graph"
 INT8_SUFFIX = "-int8"
 # exported (traced) and run on the CPU whatever the model's device
-CPU_ONLY = {"executorch", "coreml", "ncnn", "tflite"}
+CPU_ONLY = {"executorch", "coreml", "ncnn", "tflite", "openvino"}
 # runtimes that need more than their exporter checks for (an engine is built only where it runs)
 NEEDS = {"tensorrt": ("tensorrt", "needs tensorrt and an NVIDIA GPU")}
 

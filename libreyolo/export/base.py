@@ -141,6 +141,15 @@ class Exporter:
         metadata over the calibration's description (``own`` formats say how they quantized)."""
         return {}
 
+    def runtime_config(self, opts: ExportOptions) -> dict[str, Any] | None:
+        """Settings the runtime must apply to run the artifact as it was validated (recorded in the
+        metadata as ``runtime_config`` and enforced by the runtime), or None."""
+        return None
+
+    def after_validation(self, path: Path, opts: ExportOptions, report: Any) -> None:
+        """Format-specific findings added to a validation that ran (``report.notes``/``report.findings``),
+        e.g. what the runtime's defaults would change."""
+
     def graph_ops(self, path: Path) -> set[str]:
         """Operator names in the artifact's program (portability checks)."""
         raise NotImplementedError
@@ -184,14 +193,15 @@ def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Pa
 
 
 _MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti",
-            "triton": "triton", "ncnn": "ncnn", "tflite": "tflite"}
+            "triton": "triton", "ncnn": "ncnn", "tflite": "tflite", "openvino": "openvino"}
 _ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt", "pt2": "aoti",
-            "aotinductor": "aoti", "litert": "tflite"}
+            "aotinductor": "aoti", "litert": "tflite", "ov": "openvino"}
 FORMATS = tuple(_MODULES)
 
 
 def get_exporter(fmt: Any) -> Exporter:
-    """The exporter for a format name (``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti``, ``triton``)."""
+    """The exporter for a format name (``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti``, ``triton``,
+    ``openvino``)."""
     key = str(fmt).lower().lstrip(".") if isinstance(fmt, str) else None
     key = _ALIASES.get(key, key)
     if key not in _MODULES:

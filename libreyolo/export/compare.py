@@ -43,8 +43,8 @@ def compare(model: Any, artifact: str | Path | Any, *, device: Any = None, data:
     runtime = LibreYOLO(artifact, device=device or model.device) if isinstance(artifact, (str, Path)) else artifact
     meta = getattr(runtime, "metadata", None)
     if not isinstance(meta, dict):
-        raise ArgumentError(f"artifact= must be an exported file (.onnx, .pte, .pt2, .mlpackage, .engine, .tflite, "
-                            "_ncnn_model/), "
+        raise ArgumentError("artifact= must be an exported file (.onnx, .pte, .pt2, .mlpackage, .engine, .tflite) or "
+                            "folder (_ncnn_model/, _openvino_model/), "
                             f"got {type(runtime).__name__}")
     mine = {"family": model.family.name, "size": model.size, "task": model.family.task, "nc": model.nc}
     differ = [f"{k} {meta.get(k)!r} (checkpoint: {mine[k]!r})" for k in _IDENTITY if meta.get(k) != mine[k]]

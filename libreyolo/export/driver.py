@@ -151,6 +151,7 @@ def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: Expor
         "precision": opts.precision, "dynamic_axes": axes, "nms": opts.nms,
         "export_args": opts.as_metadata(), "versions": toolchain_versions(*exporter.toolchain),
         "source_weights_sha256": weights,
+        **({"runtime_config": config} if (config := exporter.runtime_config(opts)) else {}),
         "validation": {"status": "pending"},
     }
 
@@ -224,10 +225,10 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
            instances: int | None = None) -> ExportReport:
     """Export an eager model to an artifact, validate it against eager, and install it atomically.
 
-    ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt`` or ``aoti`` (AOTInductor ``.pt2``;
-    ``autotune=True`` tunes its CUDA kernels). ``imgsz`` defaults to the
-    model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``, ``max_det``)
-    embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
+    ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti`` (AOTInductor ``.pt2``;
+    ``autotune=True`` tunes its CUDA kernels) or ``openvino`` (an IR folder ``<stem>_openvino_model``).
+    ``imgsz`` defaults to the model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``,
+    ``max_det``) embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
     on data's train split), validated against the quantized eager model and refused when its
     accuracy on data's val split drops by more than ``max_drop`` (default 0.02;
     :mod:`libreyolo.export.int8`). ``validate=False`` skips the comparison with eager (with a loud warning);
@@ -310,6 +311,8 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                                "be wrong and nothing here would notice.")
             if report.status != "skipped":
                 report.notes.extend(exporter.report_notes(final, opts))
+            if report.status in ("passed", "failed"):
+                exporter.after_validation(built, opts, report)
             gate = None
             if opts.int8:
                 gate = int8_checks(exporter, built, opts, report)

@@ -49,6 +49,7 @@ FIELDS: dict[str, type] = {
     "source_weights_sha256": str,
     "validation": dict,
     "quantization": dict,
+    "runtime_config": dict,
     "content_sha256": str,
     "metadata_sha256": str,
 }
@@ -301,13 +302,20 @@ def toolchain_versions(*dists: str) -> dict[str, str]:
 FOLDER_METADATA = "metadata.json"  # a folder artifact's metadata file (NCNN)
 
 
-def folder_content_sha256(folder: str | Path, skip: tuple[str, ...] = (FOLDER_METADATA,)) -> str:
-    """sha256 of a folder artifact: every file by relative path and content, except ``skip``."""
+def folder_content_sha256(folder: str | Path, skip: tuple[str, ...] = (FOLDER_METADATA,),
+                          data: dict[str, bytes] | None = None) -> str:
+    """sha256 of a folder artifact: every file by relative path and content, except ``skip``; a
+    file's content is ``data[relative path]`` where given (the bytes a runtime read and will load,
+    so what is checked is what runs)."""
     folder = Path(folder)
+    data = data or {}
     h = hashlib.sha256()
-    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in skip):
-        h.update(file.relative_to(folder).as_posix().encode() + b"\0")
-        h.update(bytes.fromhex(sha256_file(file)))
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = file.relative_to(folder).as_posix()
+        if rel in skip:
+            continue
+        digest = hashlib.sha256(data[rel]).hexdigest() if rel in data else sha256_file(file)
+        h.update(rel.encode() + b"\0" + bytes.fromhex(digest))
     return h.hexdigest()
 
 
@@ -321,8 +329,9 @@ def write_folder_metadata(folder: str | Path, encoded: dict[str, str], meta: dic
     return path
 
 
-def read_folder_metadata(folder: str | Path, *, verify: bool = True) -> dict[str, Any]:
-    """Metadata of a folder artifact; with ``verify``, checked against the folder's hashes."""
+def read_folder_metadata(folder: str | Path, *, verify: bool = True, content: str | None = None) -> dict[str, Any]:
+    """Metadata of a folder artifact; with ``verify``, checked against the folder's hashes
+    (``content``: the folder's content hash where the caller computed it, else computed here)."""
     folder = Path(folder)
     path = folder / FOLDER_METADATA
     if not path.is_file():
@@ -335,5 +344,5 @@ def read_folder_metadata(folder: str | Path, *, verify: bool = True) -> dict[str
         raise CheckpointError(f"{path} is not a LibreYOLO metadata file (expected a JSON object)")
     encoded = encode(meta)
     if verify:
-        check_integrity(encoded, folder_content_sha256(folder), str(folder))
+        check_integrity(encoded, folder_content_sha256(folder) if content is None else content, str(folder))
     return decode(encoded, str(folder))

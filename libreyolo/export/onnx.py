@@ -139,6 +139,26 @@ def check_opset(opts: ExportOptions) -> None:
         raise ArgumentError(f"opset must be an integer from {MIN_OPSET} to {MAX_OPSET}, got {opts.opset!r}")
 
 
+WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the ops a quantized layer becomes
+
+
+def node_module(node_name: str, prefix: str = "net") -> str | None:
+    """The module path of a TorchScript-exported ONNX node: ``/net/a/b/b.0/conv/Conv`` -> ``a.b.0.conv``.
+
+    The exporter names a node by its module scopes, where a child of a container is written
+    ``<parent>.<index>`` after its parent's own scope; the last part is the op (``Conv``, ``Conv_1``)."""
+    parts = [p for p in node_name.split("/") if p][:-1]
+    if not parts or parts[0] != prefix:
+        return None
+    path: list[str] = []
+    previous = parts[0]
+    for part in parts[1:]:
+        name = part[len(previous) + 1:] if part.startswith(previous + ".") else part
+        path.append(name)
+        previous = part
+    return ".".join(path)
+
+
 def onnx_ops(path: str | Path) -> set[str]:
     """``domain::op`` for non-standard ops, plain op type for the default ONNX domain."""
     onnx = require("onnx", "onnx", "reading an ONNX graph")

@@ -38,7 +38,7 @@ def as_format(name: str, value: Any) -> str:
     return key
 
 
-as_format.allowed = "onnx, executorch, coreml, tensorrt, aoti or triton"  # type: ignore[attr-defined]
+as_format.allowed = "onnx, executorch, coreml, tensorrt, aoti, triton or openvino"  # type: ignore[attr-defined]
 
 
 def as_batch_sizes(name: str, value: Any) -> list[int]:
@@ -62,8 +62,8 @@ MAX_QUEUE_DELAY_US = 10_000_000
 MAX_INSTANCES = 64
 
 EXPORT_OPTIONS: dict[str, Opt] = {
-    "format": Opt(as_format, "onnx", "onnx, executorch, coreml, tensorrt, aoti (AOTInductor .pt2) or triton "
-                  "(a Triton Inference Server model folder)"),
+    "format": Opt(as_format, "onnx", "onnx, executorch, coreml, tensorrt, aoti (AOTInductor .pt2), triton "
+                  "(a Triton Inference Server model folder) or openvino (an IR folder <stem>_openvino_model)"),
     "imgsz": imgsz_opt("input size (a multiple of the model stride; default from the model)"),
     "batch": batch_opt(1, "batch size of the exported input (tensorrt + dynamic: the largest)"),
     "dynamic": Opt(as_bool, False, "dynamic batch (and spatial where supported)", True),

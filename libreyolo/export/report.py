@@ -46,6 +46,7 @@ class ValidationReport:
         self.notes = list(notes or [])
         self.drift = dict(drift or {})
         self.extra_lines: list[str] = []  # lines of further checks (the INT8 accuracy gate)
+        self.findings: dict[str, Any] = {}  # measurements a format adds (Exporter.after_validation)
 
     @property
     def detections(self) -> list[dict[str, Any]]:
@@ -178,7 +179,8 @@ class ValidationReport:
         return {"status": self.status, "reason": self.reason, "runtime": self.runtime, "summary": self.headline(),
                 **_finite(self.worst()), "checks": [_finite(c) for c in self.checks],
                 "decoded": [_finite(d) for d in self.decoded], "notes": self.notes,
-                "drift": self.drift, "seconds": round(self.seconds, 3)}
+                "drift": self.drift, "seconds": round(self.seconds, 3),
+                **({"findings": self.findings} if self.findings else {})}
 
 
 def _num(v: Any) -> float:
