@@ -8,7 +8,8 @@ from libreyolo.models.base import Family
 from libreyolo.utils.registry import Registry
 
 # folders under libreyolo/models that hold a family; imported on first registry use
-_BUILTIN = ("yolo9", "vit", "deit", "rtdetr", "swin", "yolox", "dfine", "segformer", "rtmdet", "swinir")
+_BUILTIN = ("yolo9", "vit", "deit", "rtdetr", "swin", "yolox", "dfine", "segformer", "rtmdet", "swinir", "deim",
+            "rtdetrv4")
 _REGISTRY: Registry[Family] = Registry("model family", "families", "libreyolo.models", _BUILTIN, CheckpointError)
 
 F = TypeVar("F", bound=type[Family])

@@ -24,6 +24,17 @@ def activation(name: str | None) -> nn.Module:
     return act(inplace=True) if name in ("relu", "silu") else act()
 
 
+# the activations of the DETR heads and decoder feed-forward layers, applied out of place
+_FUNCTIONAL_ACTS = {"relu": F.relu, "silu": F.silu}
+
+
+def functional_activation(name: str):
+    try:
+        return _FUNCTIONAL_ACTS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; expected one of {sorted(_FUNCTIONAL_ACTS)}") from None
+
+
 class FrozenBatchNorm2d(nn.Module):
     """BatchNorm with fixed statistics and affine terms, all stored as buffers (no num_batches_tracked)."""
 
@@ -75,18 +86,19 @@ class RepVggBlock(nn.Module):
 
 
 class MLP(nn.Module):
-    """``num_layers`` linear layers with ReLU between them (not after the last)."""
+    """``num_layers`` linear layers with ``act`` (ReLU by default) between them (not after the last)."""
 
-    def __init__(self, c_in: int, hidden: int, c_out: int, num_layers: int) -> None:
+    def __init__(self, c_in: int, hidden: int, c_out: int, num_layers: int, act: str = "relu") -> None:
         super().__init__()
         dims = [c_in] + [hidden] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [c_out]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, outs, strict=True))
+        self.act = functional_activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x) if i == last else F.relu(layer(x))
+            x = layer(x) if i == last else self.act(layer(x))
         return x
 
 
