@@ -39,10 +39,13 @@ CASES = {
     "swinir": ("s", 32),
     "rtdetr": ("r18", 96),
     "dfine": ("n", 96),
+    "deim": ("n", 96),
+    "rtdetrv4": ("s", 96),
 }
 # the attention modules each case holds: one per transformer block (DETR: the encoder's one
 # self-attention layer plus one per decoder layer; deformable attention has no flag)
-EXPECTED_MODULES = {"vit": 12, "deit": 12, "swin": 12, "segformer": 8, "swinir": 24, "rtdetr": 4, "dfine": 4}
+EXPECTED_MODULES = {"vit": 12, "deit": 12, "swin": 12, "segformer": 8, "swinir": 24, "rtdetr": 4, "dfine": 4,
+                    "deim": 4, "rtdetrv4": 4}
 
 
 def inputs(family: str, large: bool = True) -> torch.Tensor:
