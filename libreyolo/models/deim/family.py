@@ -6,7 +6,7 @@ activation differs: SiLU in the feed-forward layers, the localisation-quality la
 head, where D-FINE has ReLU. So the network is :class:`libreyolo.models.dfine.network.DFINE` built
 with ``decoder_act="silu"``, and preprocessing (a Pillow-bilinear stretch to ``imgsz``, no
 letterbox, no mean/std), decoding (top-k over query x class) and the export contract are D-FINE's.
-What is DEIM's own is its name, its checkpoint file names and the training recipe.
+What is DEIM's own is its name, its checkpoint file names and its training loss (MAL).
 """
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ class DEIMFamily(DFINEFamily):
     sizes = tuple(SIZES)
     default_size = "n"
     filename_pattern = r"LibreDEIM(?P<size>[nsmlx])"
+    # the reference's DEIM criterion: MAL instead of D-FINE's varifocal term (same matcher, gains and
+    # box terms); its fine-tuning defaults (AdamW 1e-4, weight decay 1e-4, clip 0.1, no mosaic) are
+    # the DETR line's
+    training = "libreyolo.train.loss.detr:MalLoss"
+    training_items = ("mal_loss", "l1_loss", "giou_loss", "fgl_loss")
     # not proven here: the graph parity matrix has not been run for this family (no GPU)
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_PIPELINE_GRAPH = False

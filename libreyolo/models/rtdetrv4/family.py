@@ -23,6 +23,11 @@ class RTDETRv4Family(DFINEFamily):
     default_size = "s"
     filename_pattern = r"LibreRTDETRv4(?P<size>[smlx])"
     training_only_prefixes = ("encoder.feature_projector.",)
+    # the reference fine-tunes RT-DETRv4 with DEIM's trainer and criterion (MAL), at its own
+    # learning rate and weight decay (no teacher distillation, there or here)
+    training = "libreyolo.train.loss.detr:MalLoss"
+    training_items = ("mal_loss", "l1_loss", "giou_loss", "fgl_loss")
+    train_defaults = {**DFINEFamily.train_defaults, "lr0": 5e-4, "weight_decay": 1.25e-4}
     # not proven here: the graph parity matrix has not been run for this family (no GPU)
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_PIPELINE_GRAPH = False
