@@ -49,9 +49,31 @@ def test_deim_and_rtdetrv4_train_with_mal():
     assert type(loss_for("dfine", "detect", 3)) is DetrLoss
 
 
+@pytest.mark.parametrize("name,size", [("deim", "n")])
+def test_a_few_steps_on_a_fixed_batch_make_the_mal_loss_fall(name, size):
+    """As for D-FINE in tests/test_train_detr.py (14 AdamW steps at 1e-3 on one batch of two 64 px
+    images, the same denoising noise each step), with DEIM's criterion."""
+    from tests.test_train_detr import NC, TARGETS, _images, _net
+
+    family, net = _net(name, size)
+    criterion = loss_for(name, "detect", NC)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    x = _images()
+    losses = []
+    for _ in range(14):
+        torch.manual_seed(0)
+        loss, items = criterion(family.train_decode(net, family.train_encode(net, x), TARGETS), TARGETS)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert items.shape == (4,) and bool(torch.isfinite(items).all())
+    assert losses[-1] < 0.85 * losses[0], losses
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """deim-n trained from its YAML on a tiny shapes dataset at 64 px (CPU, about a minute)."""
+    """deim-n trained from its YAML on a tiny shapes dataset at 64 px."""
     pytest.importorskip("faster_coco_eval", reason="training metrics need libreyolo[train] (faster-coco-eval)")
     from libreyolo import LibreYOLO
     from libreyolo.train.shapes import make_shapes_dataset
@@ -65,18 +87,19 @@ def trained(tmp_path_factory):
 
 
 IMGSZ = 64
-EPOCHS = 4
+EPOCHS = 2
 
 
-def test_deim_train_lowers_the_loss_on_shapes(trained):
+def test_deim_trains_on_shapes_with_finite_mal_terms(trained):
+    """Two epochs end to end (the falling loss is checked on a fixed batch above: over two epochs of
+    two steps the total is dominated by the matching's reshuffles)."""
     _, run = trained
     with open(run / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == EPOCHS
     items = ("mal_loss", "l1_loss", "giou_loss", "fgl_loss")
-    totals = [sum(float(r[f"train/{k}"]) for k in items) for r in rows]
-    assert all(math.isfinite(t) and t > 0 for t in totals), totals
-    assert totals[-1] < 0.9 * totals[0], totals
+    values = [float(r[f"train/{k}"]) for r in rows for k in items]
+    assert all(math.isfinite(v) and v > 0 for v in values), rows
 
 
 def test_deim_best_checkpoint_loads_predicts_and_exports(trained, tmp_path):
