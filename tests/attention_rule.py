@@ -26,7 +26,7 @@ FUSED_BY_CONVENTION = frozenset({"vit", "deit"})
 # every family whose attention modules carry a switchable ``fused_attn`` flag; the DETR families'
 # flag is on the self-attention (decoder) and the encoder's attention, not on deformable attention
 ATTENTION_FAMILIES = ("vit", "deit", "swin", "segformer", "swinir", "rtdetr", "dfine", "rtdetrv2", "deimv2", "rfdetr",
-                      "lwdetr")
+                      "lwdetr", "deim", "rtdetrv4")
 
 
 def rule_violation(family: str, diff: float, default: bool) -> str | None:

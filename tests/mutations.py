@@ -28,6 +28,9 @@ CASES: dict[str, tuple[str, int, dict[str, tuple[float, float, slice]]]] = {
                          r"head\.obj_preds\.": (0.1, -6.0, slice(None))}),
     # class logits of a set predictor x8 (the refused rtdetr-r34 failed on pred_logits)
     "rtdetr": ("r18", 160, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
+    # D-FINE's network with a SiLU decoder; small inputs keep their exports cheap in CI
+    "deim": ("n", 128, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
+    "rtdetrv4": ("s", 128, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
     # classifier logits x8
     "vit": ("ti", 224, {r"head\.": (8.0, 0.0, slice(None))}),
     # per-pixel class logits x8 (a trained segmenter's sharp head)

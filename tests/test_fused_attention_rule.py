@@ -43,13 +43,16 @@ CASES = {
     "deimv2": ("s", 64),  # the default size: its ViT backbone holds the family's self-attention
     "rfdetr": ("n", 64),   # the position table is resized to 4 x 4 patches: a 2 x 2 grid of 2 x 2 windows
     "lwdetr": ("t", 64),   # the smallest input: one patch per window of the 4 x 4 grid
+    "deim": ("n", 96),
+    "rtdetrv4": ("s", 96),
 }
 # the attention modules each case holds: one per transformer block (DETR: the encoder's one
 # self-attention layer plus one per decoder layer; deformable attention has no flag)
 EXPECTED_MODULES = {"vit": 12, "deit": 12, "swin": 12, "segformer": 8, "swinir": 24, "rtdetr": 4, "dfine": 4,
                     "rtdetrv2": 4,
                     "deimv2": 17,  # deimv2-s: 12 ViT blocks, the encoder's layer, 4 decoder layers
-                    "rfdetr": 14, "lwdetr": 9}  # LW-DETR line: every ViT block plus one per decoder layer
+                    "rfdetr": 14, "lwdetr": 9,  # LW-DETR line: every ViT block plus one per decoder layer
+                    "deim": 4, "rtdetrv4": 4}
 
 
 def inputs(family: str, large: bool = True) -> torch.Tensor:

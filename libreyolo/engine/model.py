@@ -41,7 +41,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
             torch.manual_seed(0)
             self.net: nn.Module = family.build(size, nc)
         if state_dict is not None:
-            load_state(self.net, state_dict, source or f"{family.name}-{size} weights")
+            load_state(self.net, family.inference_state(state_dict), source or f"{family.name}-{size} weights")
         self.net.eval()
         self._half = False  # the default precision of predict() and capture_graph(); the master stays fp32
         self._max_graphs: int | None = None
@@ -294,7 +294,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> Model:
         copies = self._copies()
         with copies.mutating():
-            load_state(self.net, state_dict, "load_weights()")
+            load_state(self.net, self.family.inference_state(state_dict), "load_weights()")
             copies.invalidate("weights were modified in place (load_weights)")
         return self
 

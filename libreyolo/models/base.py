@@ -139,6 +139,10 @@ class Family:
     # families marks invalid anchors with inf): the finite-weights check of checkpoint loading
     # skips their infinities (NaN is never accepted)
     infinite_ok_keys: ClassVar[tuple[str, ...]] = ()
+    # state-dict key prefixes of modules that only training builds (e.g. a distillation projector)
+    # which checkpoints of this family may carry: loading drops them (:meth:`inference_state`);
+    # any other key the network does not have is still refused
+    training_only_prefixes: ClassVar[tuple[str, ...]] = ()
     # quantization (model.quantize()): module-name globs (fnmatch, over ``net.named_modules()``)
     # of Conv2d/Linear layers kept in float by default: the final class/box prediction layers,
     # whose outputs are compared against thresholds and decoded, lose the most from int8
@@ -191,6 +195,12 @@ class Family:
             return state
         return {k: v for k, v in state.items()
                 if not (k in self.infinite_ok_keys and isinstance(v, torch.Tensor) and not bool(v.isnan().any()))}
+
+    def inference_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` without the keys under ``training_only_prefixes`` (what the network loads)."""
+        if not self.training_only_prefixes:
+            return state
+        return {k: v for k, v in state.items() if not k.startswith(self.training_only_prefixes)}
 
     def state_nc(self, state: dict[str, Any]) -> int | None:
         """The number of classes a state dict's head was trained for, if the family declares ``nc_key``."""

@@ -9,7 +9,7 @@ from libreyolo.utils.registry import Registry
 
 # folders under libreyolo/models that hold a family; imported on first registry use
 _BUILTIN = ("yolo9", "vit", "deit", "rtdetr", "swin", "yolox", "dfine", "segformer", "rtmdet", "swinir",
-            "yolo9_e2e", "rtdetrv2", "deimv2", "rfdetr", "lwdetr")
+            "yolo9_e2e", "rtdetrv2", "deimv2", "rfdetr", "lwdetr", "deim", "rtdetrv4")
 _REGISTRY: Registry[Family] = Registry("model family", "families", "libreyolo.models", _BUILTIN, CheckpointError)
 
 F = TypeVar("F", bound=type[Family])

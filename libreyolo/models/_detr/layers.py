@@ -24,6 +24,17 @@ def activation(name: str | None) -> nn.Module:
     return act(inplace=True) if name in ("relu", "silu") else act()
 
 
+# the activations of the DETR heads and decoder feed-forward layers, applied out of place
+_FUNCTIONAL_ACTS = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}
+
+
+def functional_activation(name: str):
+    try:
+        return _FUNCTIONAL_ACTS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; expected one of {sorted(_FUNCTIONAL_ACTS)}") from None
+
+
 class FrozenBatchNorm2d(nn.Module):
     """BatchNorm with fixed statistics and affine terms, all stored as buffers (no num_batches_tracked)."""
 
@@ -74,21 +85,16 @@ class RepVggBlock(nn.Module):
         return self.act(self.conv1(x) + self.conv2(x))
 
 
-_ACT_FNS = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}
-
-
 class MLP(nn.Module):
     """``num_layers`` linear layers with an activation (ReLU unless ``act`` says otherwise:
     ``"silu"``, ``"gelu"``) between them, not after the last."""
 
     def __init__(self, c_in: int, hidden: int, c_out: int, num_layers: int, act: str = "relu") -> None:
         super().__init__()
-        if act not in _ACT_FNS:
-            raise ValueError(f"unknown MLP activation {act!r}; expected one of {sorted(_ACT_FNS)}")
+        self._act = functional_activation(act)  # refuses an unknown name
         dims = [c_in] + [hidden] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [c_out]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, outs, strict=True))
-        self._act = _ACT_FNS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1

@@ -22,7 +22,7 @@ from torch import nn
 from libreyolo.models._detr.anchors import AnchorCache
 from libreyolo.models._detr.deformable import PointsDeformableAttention as MSDeformableAttention
 from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
-from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
+from libreyolo.models._detr.layers import MLP, MultiheadAttention, functional_activation, init_heads, inverse_sigmoid
 
 Shapes = list[tuple[int, int]]
 
@@ -95,8 +95,9 @@ class Gate(nn.Module):
 
 
 class TransformerDecoderLayer(nn.Module):
-    def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...]) -> None:
+    def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...], act: str = "relu") -> None:
         super().__init__()
+        self.act = functional_activation(act)
         self.self_attn = MultiheadAttention(dim, heads)
         self.norm1 = nn.LayerNorm(dim)
         self.cross_attn = MSDeformableAttention(dim, heads, points)
@@ -111,19 +112,19 @@ class TransformerDecoderLayer(nn.Module):
         q = target + query_pos
         target = self.norm1(target + self.self_attn(q, q, target, attend))
         target = self.gateway(target, self.cross_attn(target + query_pos, reference, value, shapes))
-        target = target + self.linear2(F.relu(self.linear1(target)))
+        target = target + self.linear2(self.act(self.linear1(target)))
         return self.norm3(target.clamp(min=-65504, max=65504))
 
 
 class TransformerDecoder(nn.Module):
     def __init__(self, layer_fn, num_layers: int, heads: int, reg_max: int, up: nn.Parameter,
-                 reg_scale: nn.Parameter, eval_idx: int = -1) -> None:
+                 reg_scale: nn.Parameter, eval_idx: int = -1, act: str = "relu") -> None:
         super().__init__()
         self.heads, self.reg_max = heads, reg_max
         self.up, self.reg_scale = up, reg_scale  # the same parameters as the parent's (two state-dict keys)
         self.eval_idx = eval_idx if eval_idx >= 0 else num_layers + eval_idx
         self.layers = nn.ModuleList(layer_fn() for _ in range(num_layers))
-        self.lqe_layers = nn.ModuleList(LQE(4, 64, 2, reg_max) for _ in range(num_layers))
+        self.lqe_layers = nn.ModuleList(LQE(4, 64, 2, reg_max, act) for _ in range(num_layers))
 
     def forward(self, target: torch.Tensor, ref_unact: torch.Tensor, memory: torch.Tensor, shapes: Shapes,
                 bbox_head: nn.ModuleList, score_head: nn.ModuleList, query_pos_head: nn.Module,
@@ -183,7 +184,10 @@ class TransformerDecoder(nn.Module):
 class DFINETransformer(nn.Module):
     def __init__(self, nc: int, hidden: int, feat_channels: list[int], *, heads: int = 8, num_layers: int = 6,
                  ffn: int = 1024, points: tuple[int, ...] = (4, 4, 4), num_queries: int = 300, reg_max: int = 32,
-                 reg_scale: float = 4.0, strides: tuple[int, ...] = (8, 16, 32), eval_size: int = 640) -> None:
+                 reg_scale: float = 4.0, strides: tuple[int, ...] = (8, 16, 32), eval_size: int = 640,
+                 act: str = "relu") -> None:
+        """``act``: the activation of the feed-forward layers, the localisation-quality layers and
+        every MLP head (D-FINE: ReLU; DEIM and RT-DETRv4 use the same network with SiLU)."""
         super().__init__()
         self.hidden, self.num_queries, self.reg_max, self.nc = hidden, num_queries, reg_max, nc
         # denoising (training only): queries per batch, label flip ratio, box noise scale
@@ -194,17 +198,17 @@ class DFINETransformer(nn.Module):
             nn.Identity() if c == hidden else nn.Sequential(OrderedDict([
                 ("conv", nn.Conv2d(c, hidden, 1, bias=False)), ("norm", nn.BatchNorm2d(hidden))]))
             for c in feat_channels)
-        self.decoder = TransformerDecoder(lambda: TransformerDecoderLayer(hidden, heads, ffn, points), num_layers,
-                                          heads, reg_max, self.up, self.reg_scale)
+        self.decoder = TransformerDecoder(lambda: TransformerDecoderLayer(hidden, heads, ffn, points, act),
+                                          num_layers, heads, reg_max, self.up, self.reg_scale, act=act)
         self.denoising_class_embed = nn.Embedding(nc + 1, hidden, padding_idx=nc)
-        self.query_pos_head = MLP(4, 2 * hidden, hidden, 2)
+        self.query_pos_head = MLP(4, 2 * hidden, hidden, 2, act)
         self.enc_output = nn.Sequential(OrderedDict([("proj", nn.Linear(hidden, hidden)),
                                                      ("norm", nn.LayerNorm(hidden))]))
         self.enc_score_head = nn.Linear(hidden, nc)
-        self.enc_bbox_head = MLP(hidden, hidden, 4, 3)
+        self.enc_bbox_head = MLP(hidden, hidden, 4, 3, act)
         self.dec_score_head = nn.ModuleList(nn.Linear(hidden, nc) for _ in range(num_layers))
-        self.pre_bbox_head = MLP(hidden, hidden, 4, 3)
-        self.dec_bbox_head = nn.ModuleList(MLP(hidden, hidden, 4 * (reg_max + 1), 3) for _ in range(num_layers))
+        self.pre_bbox_head = MLP(hidden, hidden, 4, 3, act)
+        self.dec_bbox_head = nn.ModuleList(MLP(hidden, hidden, 4 * (reg_max + 1), 3, act) for _ in range(num_layers))
         self.integral = Integral(reg_max)
         # the reference stores the anchors of its evaluation size (checkpoints carry them); other
         # sizes get theirs from the per-shape cache

@@ -116,7 +116,11 @@ def build_encoder(cfg: DFINESize, in_channels: list[int]) -> HybridEncoder:
 
 
 class DFINE(nn.Module):
-    def __init__(self, size: str, nc: int = 80) -> None:
+    """The D-FINE network; ``decoder_act`` is the decoder's activation (feed-forward layers,
+    localisation-quality layers, MLP heads): ReLU for D-FINE, SiLU for the families that reuse this
+    network unchanged otherwise (``deim``, ``rtdetrv4``)."""
+
+    def __init__(self, size: str, nc: int = 80, *, decoder_act: str = "relu") -> None:
         super().__init__()
         if size not in SIZES:
             raise ValueError(f"unknown dfine size {size!r}; known sizes: {', '.join(SIZES)}")
@@ -127,7 +131,7 @@ class DFINE(nn.Module):
         levels = len(cfg.return_idx)
         self.decoder = DFINETransformer(nc, cfg.dec_hidden, [cfg.enc_hidden] * levels, heads=cfg.heads,
                                         num_layers=cfg.dec_layers, ffn=cfg.dec_ffn, points=cfg.points,
-                                        reg_scale=cfg.reg_scale, strides=cfg.strides)
+                                        reg_scale=cfg.reg_scale, strides=cfg.strides, act=decoder_act)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return self.decoder(self.encoder(self.backbone(x)))

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from libreyolo.errors import ArgumentError, LibreYOLOError
 from libreyolo.models._detr.denoising import GroundTruth, cxcywh_to_xyxy, split_targets
 
-__all__ = ["DetrLoss", "HungarianMatcher", "bin_interpolation", "edge_distances", "generalized_box_iou",
+__all__ = ["DetrLoss", "HungarianMatcher", "MalLoss", "bin_interpolation", "edge_distances", "generalized_box_iou",
            "linear_assignment"]
 
 Match = list[tuple[torch.Tensor, torch.Tensor]]  # per image: (query indices, gt indices)
@@ -245,10 +245,15 @@ class DetrLoss:
         else:  # no boxes: zero box terms that stay attached (every parameter gets a gradient, as DDP needs)
             l1 = boxes.sum() * 0.0
             giou_loss = l1.clone()
+        cls = self._class_term(logits, target, positive) / norm
+        return torch.stack((cls, l1, giou_loss, torch.zeros_like(cls)))
+
+    def _class_term(self, logits: torch.Tensor, target: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+        """Varifocal loss, summed: BCE towards ``target`` (the matched box's IoU at its class, else 0),
+        positives weighted by their target, negatives by ``alpha * p ** gamma``."""
         p = torch.sigmoid(logits).detach()
         weight = torch.where(positive, target, self.alpha * p ** self.gamma)
-        vfl = F.binary_cross_entropy_with_logits(logits, target, weight=weight, reduction="sum") / norm
-        return torch.stack((vfl, l1, giou_loss, torch.zeros_like(vfl)))
+        return F.binary_cross_entropy_with_logits(logits, target, weight=weight, reduction="sum")
 
     @staticmethod
     def _fgl(corners: torch.Tensor, boxes: torch.Tensor, initial: torch.Tensor, pairs: tuple[torch.Tensor, ...],
@@ -281,3 +286,20 @@ class DetrLoss:
         if out["pred_logits"].ndim != 4 or out["pred_logits"].shape[-1] != self.nc:
             raise ArgumentError(f"DetrLoss: pred_logits have shape {tuple(out['pred_logits'].shape)}, expected "
                                 f"(layers, B, Q, {self.nc}); is the loss built with the model's number of classes?")
+
+
+class MalLoss(DetrLoss):
+    """DEIM's training loss: :class:`DetrLoss` with the matchability-aware loss (MAL) as its class
+    term. A matched query's target at its class is ``IoU ** gamma`` with weight 1; every other
+    (query, class) is pushed to 0 with weight ``p ** gamma`` (no ``alpha``, as the reference's
+    criterion is configured: ``mal_alpha`` unset, ``gamma`` 1.5). Its first item is ``mal``; the
+    other terms and gains are D-FINE's (L1 5, GIoU 2, FGL 0.15; MAL 1)."""
+
+    def __init__(self, nc: int, *, mal: float = 1.0, l1: float = 5.0, giou: float = 2.0, fgl: float = 0.15,
+                 gamma: float = 1.5, matcher: HungarianMatcher | None = None) -> None:
+        super().__init__(nc, vfl=mal, l1=l1, giou=giou, fgl=fgl, gamma=gamma, matcher=matcher)
+
+    def _class_term(self, logits: torch.Tensor, target: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+        p = torch.sigmoid(logits).detach()
+        weight = torch.where(positive, torch.ones_like(p), p ** self.gamma)
+        return F.binary_cross_entropy_with_logits(logits, target ** self.gamma, weight=weight, reduction="sum")
