@@ -199,10 +199,12 @@ class Results:
     """Everything predicted for one image: the payload of its model's task under the attribute
     name users know (``boxes``, ``probs``, ``semantic_mask``, ...; :mod:`libreyolo.tasks`), the
     others None. A payload has ``n_predictions()``, ``summary(names)``, ``verbose(names)``,
-    ``draw(image, names, **kw)`` and ``cpu()``; Results delegates to it."""
+    ``draw(image, names, **kw)`` and ``cpu()``; Results delegates to it. A video frame's Results
+    also carry ``frame`` (its index in the video) and ``timestamp`` (seconds); None for images."""
 
     def __init__(self, *, names: dict[int, str], orig_shape: tuple[int, int], path: str | None = None,
-                 orig_img: Any = None, speed: dict[str, float] | None = None, **payloads: Any):
+                 orig_img: Any = None, speed: dict[str, float] | None = None, frame: int | None = None,
+                 timestamp: float | None = None, **payloads: Any):
         from libreyolo.tasks import payload_names
 
         known = payload_names()
@@ -211,7 +213,8 @@ class Results:
             raise TypeError(f"Results got unknown payload(s) {unknown}; registered: {sorted(known)}")
         own = {"_payloads": {k: v for k, v in payloads.items() if v is not None}, "names": names,
                "orig_shape": orig_shape, "path": path, "_orig_img": orig_img,
-               "speed": speed or {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}}
+               "speed": speed or {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0},
+               "frame": frame, "timestamp": timestamp}  # a video frame's index and time (s); None otherwise
         self.__dict__.update(own)  # its own fields: no payload lookup per result
 
     def __getattr__(self, name: str) -> Any:

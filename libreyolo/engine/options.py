@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from libreyolo.data.video import VIDEO_OPTIONS
 from libreyolo.options import (
     MAX_BENCH_N,
     MAX_WORKERS,
@@ -40,9 +41,16 @@ COMPILE_OPTION = Opt(as_compile_mode, False, "torch.compile the inference copy, 
                      "first use: true (reduce-overhead on CUDA, default on the CPU), false, or a mode (default, "
                      "reduce-overhead, max-autotune, max-autotune-no-cudagraphs)", True)
 
+# what a video source (file, stream, webcam) takes: frames kept, and the annotated video (libreyolo.data.video)
+VIDEO_PREDICT_OPTIONS: dict[str, Opt] = {
+    **VIDEO_OPTIONS,
+    "save": Opt(as_bool, False, "video sources: write the annotated video to save_dir/<name>.mp4", True),
+    "save_dir": Opt(str, "runs/predict", "where the annotated video goes"),
+}
+
 # with the tasks' own options (libreyolo.tasks: detect conf, iou, max_det, max_nms, classes; semantic
 # classes), each declared once by its task
-PREDICT_OPTIONS: dict[str, Opt] = {**all_task_options(), **COMMON_PREDICT_OPTIONS}
+PREDICT_OPTIONS: dict[str, Opt] = {**all_task_options(), **COMMON_PREDICT_OPTIONS, **VIDEO_PREDICT_OPTIONS}
 
 BENCH_OPTIONS: dict[str, Opt] = {
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (unset: cuda when available)"),
