@@ -193,6 +193,35 @@ class Predictor:
             verbose=verbose, stream=stream, progress=progress, workers=workers, decode=decode, vid_stride=vid_stride,
             start_frame=start_frame, end_frame=end_frame, save=save, save_dir=save_dir))
 
+    def track(self, source: Any = None, *, tracker: str = "bytetrack", persist: bool = False,
+              **kwargs: Any) -> Results | list[Results] | Iterator[Results]:
+        """:meth:`predict` with the boxes followed across frames (:mod:`libreyolo.track`, extra ``track``):
+        each Results' ``boxes`` are the confirmed tracks' boxes, with ``boxes.id`` (from 1).
+
+        ``tracker``: bytetrack, sort, ocsort or botsort (Roboflow ``trackers``). ``persist=True``
+        keeps this source's tracks for the next call on it (one tracker per source: two videos
+        never share identities); else each call starts fresh. ``kwargs``: :meth:`predict`'s.
+        Detect models only; the others raise :class:`ArgumentError` saying so."""
+        import inspect
+
+        from libreyolo.track import TRACK_OPTIONS, Tracking, check_trackable, new_tracker, source_key, tracked
+
+        name = TRACK_OPTIONS["tracker"].check("tracker", tracker)
+        persist = TRACK_OPTIONS["persist"].check("persist", persist)
+        check_trackable(self._task())
+        new_tracker(name, None)  # the package is there (else one line naming the extra), before any work
+        call = {n: p.default for n, p in inspect.signature(Predictor.predict).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        call.update({k: kwargs.pop(k) for k in list(kwargs) if k in call})
+        state = self.__dict__.setdefault("_tracking", Tracking())
+        key = source_key(source)
+
+        def wrap(run: Iterator[Results], sources: Sources) -> Iterator[Results]:
+            fps = sources.video.fps / call["vid_stride"] if sources.video is not None else None
+            return tracked(run, state.tracker_for(name, key, fps, persist))
+
+        return self._run(source, kwargs, call, wrap)
+
     def _run(self, source: Any, options: dict[str, Any], call: dict[str, Any],
              wrap: Callable[[Iterator[Results], Sources], Iterator[Results]] | None = None
              ) -> Results | list[Results] | Iterator[Results]:
