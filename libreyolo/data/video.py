@@ -93,6 +93,7 @@ class VideoSource:
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
         self._thread: threading.Thread | None = None
+        self.decoded = 0  # frames decoded so far (the tests watch the decode thread's lead)
 
     @property
     def expected(self) -> int | None:
@@ -155,6 +156,7 @@ class VideoSource:
             index = -1
             for frame in self._container.decode(stream):
                 index += 1
+                self.decoded = index + 1
                 if self._stop.is_set() or (self.end is not None and index >= self.end):
                     break
                 if index < self.start or (index - self.start) % self.stride:
@@ -164,7 +166,11 @@ class VideoSource:
                 img = SourceImage(_as_tensor(arr), info.name, arr, frame=index, timestamp=float(t))
                 if not self._put(("frame", img)):
                     return
-            if index < self.start and not self._stop.is_set():
+            stopped = self._stop.is_set() or (self.end is not None and index >= self.end)
+            if info.frames and not stopped and index + 1 < info.frames:
+                raise ImageError(f"{info.name}: the video ended after {index + 1} of its {info.frames} frames; "
+                                 "the file is truncated or corrupt")
+            if index < self.start and not stopped:
                 raise ImageError(f"{info.name}: start_frame={self.start} is past the video's last frame ({index})")
             self._put(("end", None))
         except av.error.FFmpegError as exc:
