@@ -188,7 +188,7 @@ class Predictor:
         has ``frame`` and ``timestamp``. Use ``stream=True`` for long videos (a list keeps every frame).
         ``save=True`` writes the annotated video to ``save_dir/<name>.mp4`` (video sources only).
         """
-        return self._run(source, options, dict(
+        return self._predict_source(source, options, dict(
             imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph, color_format=color_format,
             verbose=verbose, stream=stream, progress=progress, workers=workers, decode=decode, vid_stride=vid_stride,
             start_frame=start_frame, end_frame=end_frame, save=save, save_dir=save_dir))
@@ -220,9 +220,9 @@ class Predictor:
             fps = sources.video.fps / call["vid_stride"] if sources.video is not None else None
             return tracked(run, state.tracker_for(name, key, fps, persist))
 
-        return self._run(source, kwargs, call, wrap)
+        return self._predict_source(source, kwargs, call, wrap)
 
-    def _run(self, source: Any, options: dict[str, Any], call: dict[str, Any],
+    def _predict_source(self, source: Any, options: dict[str, Any], call: dict[str, Any],
              wrap: Callable[[Iterator[Results], Sources], Iterator[Results]] | None = None
              ) -> Results | list[Results] | Iterator[Results]:
         """:meth:`predict` (and :meth:`track`, which passes ``wrap``: a pass over the Results stream)."""
