@@ -209,3 +209,20 @@ def test_memory_flat_over_2000_frames(demo, tiny):
         assert r.frame == n - 1
     assert n == 2000
     assert rss[2000] - rss[300] < 8 << 20, rss
+
+
+def test_frame_count_options_and_their_checks(demo, clip):
+    from libreyolo.data.sources import open_sources
+    from libreyolo.errors import ArgumentError, ImageError
+
+    path, truth = clip
+    assert open_sources(path).total == len(truth)  # the progress bar's length
+    plan = open_sources(path, video={"vid_stride": 3, "start_frame": 1, "end_frame": 11})
+    assert plan.total == 4 and len(list(plan.pending)) == 4
+    with pytest.raises(ArgumentError, match="vid_stride"):
+        demo.predict(path, vid_stride=0)
+    with pytest.raises(ImageError, match="end_frame=2 must be after start_frame=5"):
+        demo.predict(path, start_frame=5, end_frame=2)
+    with pytest.raises(ArgumentError, match="save=True writes the annotated video"):
+        demo.predict(np.zeros((32, 32, 3), np.uint8), save=True)
+    assert cli_main(["track", "model=LibreYOLO9t-shapes.pt", f"source={path}", "tracker=nope"]) == 2

@@ -185,11 +185,13 @@ class Sources:
     on_device: bool = False  # some image is a tensor already on a device (nothing to decode or upload)
     decode_on: torch.device | None = None  # JPEG files decoded on this device (libreyolo.data.device_decode)
     video: Any = None  # a video source's VideoInfo (libreyolo.data.video): frames come from its decode thread
+    frames: int | None = None  # a video file's frame count to come, when its container declares one
 
     @property
     def total(self) -> int | None:
-        """How many images there are, or None for a generator source (not known in advance)."""
-        return len(self.pending) if isinstance(self.pending, list) else None
+        """How many images there are, or None for a generator source (not known in advance; a video
+        file's declared frame count, after vid_stride and the range)."""
+        return len(self.pending) if isinstance(self.pending, list) else self.frames
 
     def __len__(self) -> int:
         if self.total is None:
@@ -322,8 +324,8 @@ def open_sources(source: Any, color_format: str = "bgr", video: dict[str, Any] |
 
     if is_video(source):
         opened = VideoSource(source, **(video or {}))
-        frames = (_Pending(lambda img=img: img) for img in opened.frames())
-        return Sources(frames, single=False, video=opened.info)
+        planned = (_Pending(lambda img=img: img) for img in opened.frames())
+        return Sources(planned, single=False, video=opened.info, frames=opened.expected)
     if isinstance(source, Iterator) and not isinstance(source, io.IOBase):
         return Sources(_planned(source, color_format), single=False)
     is_list = isinstance(source, (list, tuple))
