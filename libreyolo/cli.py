@@ -9,15 +9,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from libreyolo.data.video import VIDEO_OPTIONS
-from libreyolo.engine.options import BENCH_OPTIONS, COMPILE_OPTION, PREDICT_OPTIONS
+from libreyolo.engine.options import BENCH_OPTIONS, COMPILE_OPTION, PREDICT_OPTIONS, VIDEO_OPTIONS
 from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
 from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, imgsz_opt
 from libreyolo.quant.options import QUANT_OPTIONS
 from libreyolo.serve.cli import SERVE_OPTS, cmd_serve
 from libreyolo.tasks import all_task_options
-from libreyolo.track import TRACK_OPTIONS
+from libreyolo.track.options import TRACK_OPTIONS
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
 

@@ -137,7 +137,7 @@ def test_two_streams_keep_their_own_identities(demo, clip, tmp_path):
 def test_cannot_track_other_tasks():
     from libreyolo.errors import ArgumentError
     from libreyolo.tasks import get_task
-    from libreyolo.track import check_trackable
+    from libreyolo.track.tracking import check_trackable
 
     check_trackable(get_task("detect"))
     with pytest.raises(ArgumentError, match="classify models cannot be tracked"):
@@ -178,6 +178,29 @@ def test_broken_sources_fail_in_one_line(case, broken, tmp_path, capfd):
     assert rc != 0 and elapsed < 60, (rc, elapsed)
     assert len(err) == 1 and err[0].startswith("libreyolo predict: error: "), err
     assert list(tmp_path.iterdir()) == []  # no video, no temporary
+
+
+def test_a_stream_that_never_answers_times_out():
+    """A server that accepts the connection and says nothing: an error after the 5 s timeout, not a hang."""
+    import threading
+
+    from libreyolo.data.video import NETWORK_TIMEOUT_S, VideoSource
+    from libreyolo.errors import ImageError
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(srv.accept()), daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ImageError, match=f"no answer within {NETWORK_TIMEOUT_S:g} s"):
+            VideoSource(f"rtsp://127.0.0.1:{srv.getsockname()[1]}/live")
+    finally:
+        srv.close()
+        for conn, _ in accepted:
+            conn.close()
+    assert time.monotonic() - t0 < 3 * NETWORK_TIMEOUT_S
 
 
 def _rss() -> int:

@@ -11,7 +11,8 @@ length. Each frame is a :class:`~libreyolo.data.images.SourceImage` (RGB, HWC ui
 index in the video (``frame``, counted from 0 over every decoded frame, whatever ``vid_stride``)
 and its presentation time in seconds (``timestamp``).
 
-``vid_stride`` keeps every n-th frame, ``start_frame`` / ``end_frame`` (end exclusive) a range;
+``vid_stride`` keeps every n-th frame, ``start_frame`` / ``end_frame`` (end exclusive) a range
+(declared in :data:`libreyolo.engine.options.VIDEO_OPTIONS`);
 frames before the start are decoded and dropped (no seeking: exact for every codec).
 PyAV is the optional extra ``video`` (``pip install 'libreyolo[video]'``).
 """
@@ -22,13 +23,13 @@ import queue
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from libreyolo.errors import ImageError, require
-from libreyolo.options import Opt
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".ts", ".wmv",
                             ".flv", ".gif", ".3gp", ".asf", ".mts", ".m2ts"})
@@ -37,13 +38,6 @@ NETWORK_TIMEOUT_S = 5.0  # opening and reading a network stream: longer is an er
 QUEUE_FRAMES = 8         # decoded frames waiting for their batch, at most (the decode thread's lead)
 _WEBCAM = re.compile(r"^\d{1,3}$")
 
-# the options of a video source, declared once (predict(), track() and the CLI check them here)
-VIDEO_OPTIONS: dict[str, Opt] = {
-    "vid_stride": Opt(int, 1, "video sources: keep every n-th frame", min=1, max=10_000),
-    "start_frame": Opt(int, 0, "video sources: the first frame to predict (0-based; earlier frames are decoded "
-                       "and dropped)", min=0),
-    "end_frame": Opt(int, None, "video sources: stop before this frame (unset: the end of the video)", min=1),
-}
 
 
 def is_video(source: Any) -> bool:
@@ -208,9 +202,12 @@ def _open(av: Any, source: Any) -> tuple[Any, VideoInfo]:
                 raise ImageError(f"video file not found: {target}")
             if not p.is_file():
                 raise ImageError(f"{target} is not a regular file")
+    t0 = time.monotonic()
     try:
         container = av.open(target, format=fmt, options=options, timeout=NETWORK_TIMEOUT_S if live else None)
     except av.error.FFmpegError as exc:
+        if live and time.monotonic() - t0 >= 0.9 * NETWORK_TIMEOUT_S:
+            raise ImageError(f"cannot open {name}: no answer within {NETWORK_TIMEOUT_S:g} s ({_why(exc)})") from None
         raise ImageError(f"cannot open {name}: {_why(exc)}" + (
             "" if live else "; the file may be truncated, corrupt or not a video")) from None
     except OSError as exc:

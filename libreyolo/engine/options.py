@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-from libreyolo.data.video import VIDEO_OPTIONS
 from libreyolo.options import (
     MAX_BENCH_N,
     MAX_WORKERS,
@@ -40,6 +39,14 @@ COMMON_PREDICT_OPTIONS: dict[str, Opt] = {
 COMPILE_OPTION = Opt(as_compile_mode, False, "torch.compile the inference copy, validated against eager before "
                      "first use: true (reduce-overhead on CUDA, default on the CPU), false, or a mode (default, "
                      "reduce-overhead, max-autotune, max-autotune-no-cudagraphs)", True)
+
+# the options of a video source (libreyolo.data.video), declared once: predict(), track() and the CLI
+VIDEO_OPTIONS: dict[str, Opt] = {
+    "vid_stride": Opt(int, 1, "video sources: keep every n-th frame", min=1, max=10_000),
+    "start_frame": Opt(int, 0, "video sources: the first frame to predict (0-based; earlier frames are decoded "
+                       "and dropped)", min=0),
+    "end_frame": Opt(int, None, "video sources: stop before this frame (unset: the end of the video)", min=1),
+}
 
 # what a video source (file, stream, webcam) takes: frames kept, and the annotated video (libreyolo.data.video)
 VIDEO_PREDICT_OPTIONS: dict[str, Opt] = {

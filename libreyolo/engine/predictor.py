@@ -204,7 +204,8 @@ class Predictor:
         Detect models only; the others raise :class:`ArgumentError` saying so."""
         import inspect
 
-        from libreyolo.track import TRACK_OPTIONS, Tracking, check_trackable, new_tracker, source_key, tracked
+        from libreyolo.track.options import TRACK_OPTIONS
+        from libreyolo.track.tracking import Tracking, check_trackable, new_tracker, source_key, tracked
 
         name = TRACK_OPTIONS["tracker"].check("tracker", tracker)
         persist = TRACK_OPTIONS["persist"].check("persist", persist)
