@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from libreyolo.errors import ImageError
+from libreyolo.errors import ArgumentError, ImageError
 from libreyolo.utils.atomic import file_mode_for
 from libreyolo.utils.log import LOGGER
 from libreyolo.utils.tempfiles import TempGuard
@@ -53,7 +53,10 @@ def save_video(results: Iterator[Any], info: Any, save_dir: str | Path, *, vid_s
     import av
 
     dest = output_path(info, save_dir)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArgumentError(f"cannot create save_dir {dest.parent}: {exc.strerror or exc}") from None
     rate = Fraction(info.fps).limit_denominator(100_000) / vid_stride
     with TempGuard() as guard:
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
