@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -128,10 +129,22 @@ def test_two_streams_keep_their_own_identities(demo, clip, tmp_path):
     for ra, rb in zip(a, b, strict=True):
         mixed_a.append(ra)
         mixed_b.append(rb)
-    demo._tracking.reset()
+    demo.reset_tracks()
     for mixed, alone in ((mixed_a, alone_a), (mixed_b, alone_b)):
         assert all(same(m, s) and torch.equal(m.boxes.id, s.boxes.id) for m, s in zip(mixed, alone, strict=True))
     assert len(alone_b[-1].boxes) == 3
+
+
+def test_a_missing_package_is_one_line_naming_the_extra(demo, clip, monkeypatch):
+    from libreyolo.errors import MissingDependencyError
+
+    path, _ = clip
+    monkeypatch.setitem(sys.modules, "av", None)  # import av fails as if it were not installed
+    with pytest.raises(MissingDependencyError, match=r"pip install 'libreyolo\[video\]'"):
+        demo.predict(path, stream=True)
+    monkeypatch.setitem(sys.modules, "trackers", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'libreyolo\[track\]'"):
+        demo.track(np.zeros((32, 32, 3), np.uint8))
 
 
 def test_cannot_track_other_tasks():

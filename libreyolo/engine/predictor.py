@@ -223,6 +223,12 @@ class Predictor:
 
         return self._predict_source(source, kwargs, call, wrap)
 
+    def reset_tracks(self) -> None:
+        """Forget the tracks that :meth:`track` kept with ``persist=True`` (every source's)."""
+        state = self.__dict__.get("_tracking")
+        if state is not None:
+            state.reset()
+
     def _predict_source(self, source: Any, options: dict[str, Any], call: dict[str, Any],
              wrap: Callable[[Iterator[Results], Sources], Iterator[Results]] | None = None
              ) -> Results | list[Results] | Iterator[Results]:
