@@ -70,6 +70,11 @@ def test_video_equals_its_decoded_frames(demo, clip):
     assert [r.timestamp for r in got] == pytest.approx([i / FPS for i in range(16)])
     assert all(len(r.boxes) == 3 for r in want)
     assert all(same(g, w) for g, w in zip(got, want, strict=True))
+    # the streaming pipeline's feeder thread and decode workers (the CUDA default) give the same frames
+    # (batches of 4 on both sides: the CPU's float sums may depend on the batch size)
+    fed = list(demo.predict(path, imgsz=IMGSZ, stream=True, end_frame=16, workers=2, batch=4))
+    want4 = demo.predict(arrays[:16], imgsz=IMGSZ, color_format="rgb", batch=4, workers=0)
+    assert [r.frame for r in fed] == list(range(16)) and all(same(g, w) for g, w in zip(fed, want4, strict=True))
     # a range and a stride: frames 1, 4, 7, 10, the same as those arrays; one frame off is not (the check can fail)
     part = list(demo.predict(str(path), imgsz=IMGSZ, stream=True, start_frame=1, end_frame=11, vid_stride=3))
     assert [r.frame for r in part] == [1, 4, 7, 10]
