@@ -140,6 +140,24 @@ def test_two_streams_keep_their_own_identities(demo, clip, tmp_path):
     assert len(alone_b[-1].boxes) == 3
 
 
+def test_persist_continues_the_tracks_of_a_source(demo, clip):
+    """A second track(persist=True) call on a source continues its tracks from the first frame (the ids
+    are confirmed already); a fresh call has none in its first frame. With the frames' timestamps
+    passed to the tracker (which restart at 0) the continued call lost its tracks: the mutation, run."""
+    pytest.importorskip("trackers", reason="trackers is not installed (libreyolo[track])")
+    path, _ = clip
+    kw = dict(imgsz=IMGSZ, stream=True, end_frame=4)
+    try:
+        first = list(demo.track(path, persist=True, **kw))
+        again = list(demo.track(path, persist=True, **kw))
+    finally:
+        demo.reset_tracks()
+    fresh = list(demo.track(path, **kw))
+    assert len(first[0].boxes) == 0 and len(fresh[0].boxes) == 0
+    assert [sorted(r.boxes.id.tolist()) for r in again] == [[1, 2, 3]] * 4
+    assert sorted(first[-1].boxes.id.tolist()) == [1, 2, 3]
+
+
 def test_a_missing_package_is_one_line_naming_the_extra(demo, clip, monkeypatch):
     from libreyolo.errors import MissingDependencyError
 

@@ -89,7 +89,9 @@ def apply(tracker: Any, r: Any) -> None:
     dets = sv.Detections(xyxy=cpu.xyxy.numpy().astype(np.float32).reshape(-1, 4),
                          confidence=cpu.conf.numpy().astype(np.float32),
                          class_id=cpu.cls.numpy().astype(int))
-    out = tracker.update(dets, timestamp=r.timestamp) if r.timestamp is not None else tracker.update(dets)
+    # fixed-rate mode (one step per call at the frame rate the tracker was made with, vid_stride included):
+    # a persisted tracker then continues across calls whose timestamps start again from 0
+    out = tracker.update(dets)
     ids = np.asarray(out.tracker_id if out.tracker_id is not None else [], dtype=np.int64)
     keep = ids >= 0
     device = b.xyxy.device
