@@ -37,6 +37,7 @@ STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp:
 NETWORK_TIMEOUT_S = 5.0  # opening and reading a network stream: longer is an error, not a hang
 QUEUE_FRAMES = 8         # decoded frames waiting for their batch, at most (the decode thread's lead)
 _WEBCAM = re.compile(r"^\d{1,3}$")
+MAX_WEBCAM = 255  # a larger integer is not a webcam index (it stays an unsupported source)
 
 
 
@@ -45,11 +46,11 @@ def is_video(source: Any) -> bool:
     if isinstance(source, bool):
         return False
     if isinstance(source, int):
-        return True
+        return 0 <= source <= MAX_WEBCAM
     if not isinstance(source, (str, Path)):
         return False
     text = os.fspath(source)
-    if isinstance(source, str) and _WEBCAM.match(text) and not os.path.exists(text):
+    if isinstance(source, str) and _WEBCAM.match(text) and int(text) <= MAX_WEBCAM and not os.path.exists(text):
         return True
     if text.lower().startswith(STREAM_SCHEMES):
         return Path(text.split("?")[0]).suffix.lower() not in _IMAGE_URL_SUFFIXES
