@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # the CPU build of torch is enough for the demo and tests; set TORCH= to keep an existing install
 TORCH ?= torch==2.13.0
 # extras the test suite exercises (export formats that run on a CPU machine)
-EXTRAS ?= dev,onnx-simplify,executorch,coreml,openvino,train,serve,ncnn,tflite
+EXTRAS ?= dev,onnx-simplify,executorch,coreml,openvino,train,serve,ncnn,tflite,video,track
 COMPAT ?= $(abspath ../shared/compat)
 
 .PHONY: venv demo test lint clean

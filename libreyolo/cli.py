@@ -9,13 +9,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from libreyolo.engine.options import BENCH_OPTIONS, COMPILE_OPTION, PREDICT_OPTIONS
+from libreyolo.engine.options import BENCH_OPTIONS, COMPILE_OPTION, PREDICT_OPTIONS, VIDEO_OPTIONS
 from libreyolo.errors import LibreYOLOError
 from libreyolo.export.options import EXPORT_OPTIONS
 from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, as_output_file, imgsz_opt
 from libreyolo.quant.options import QUANT_OPTIONS
 from libreyolo.serve.cli import SERVE_OPTS, cmd_serve
 from libreyolo.tasks import all_task_options
+from libreyolo.track.options import TRACK_OPTIONS
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
 
@@ -33,19 +34,23 @@ def _imgsz(name: str, value: object) -> int:
 
 PREDICT_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt), architecture (.yaml) or artifact (.onnx/.pte/...)"),
-    "source": Opt(str, None, "image file or directory (default: the bundled sample image)"),
+    "source": Opt(str, None, "image file or directory, video file, rtsp:// or http:// stream, or webcam index "
+                  "(default: the bundled sample image)"),
     **all_task_options(),  # each task's own (libreyolo.tasks): detect conf, iou, ...; semantic classes
     **{k: PREDICT_OPTIONS[k] for k in ("imgsz", "device")},
     "half": Opt(as_bool, False, "fp16 inference (CUDA)", True),
     **{k: PREDICT_OPTIONS[k] for k in ("batch", "cuda_graph", "workers", "decode")},
+    **{k: PREDICT_OPTIONS[k] for k in VIDEO_OPTIONS},
     "compile": COMPILE_OPTION,
-    "save": Opt(as_bool, True, "save annotated images", True),
+    "save": Opt(as_bool, True, "save annotated images (a video source: the annotated video)", True),
     "save_dir": Opt(str, "runs/predict", "where annotated images and JSON go"),
     "json": Opt(as_bool, False, "also write predictions (detections, top-5 classes, class areas) as JSON next to "
                 "each image",
                 True),
     "verify": Opt(as_bool, True, "refuse artifacts changed since export and checkpoints with NaN/Inf weights", True),
 }
+
+TRACK_OPTS: dict[str, Opt] = {**PREDICT_OPTS, "tracker": TRACK_OPTIONS["tracker"]}
 
 EXPORT_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml)"),
@@ -112,6 +117,14 @@ def _usage(command: str, opts: dict[str, Opt], summary: str) -> str:
 
 
 def cmd_predict(args: dict[str, Any]) -> int:
+    return _predict_or_track(args, track=False)
+
+
+def cmd_track(args: dict[str, Any]) -> int:
+    return _predict_or_track(args, track=True)
+
+
+def _predict_or_track(args: dict[str, Any], *, track: bool) -> int:
     from pathlib import Path
 
     from libreyolo import SAMPLE_IMAGE, LibreYOLO
@@ -132,14 +145,25 @@ def cmd_predict(args: dict[str, Any]) -> int:
     model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"], compile=args["compile"])
     source = args["source"] or SAMPLE_IMAGE
     task_opts = {k: args[k] for k in all_task_options() if k in args.given}
-    results = model.predict(source, imgsz=args["imgsz"], half=args["half"], device=args["device"],
-                            batch=args["batch"], cuda_graph=args["cuda_graph"], workers=args["workers"],
-                            decode=args["decode"], stream=True, **task_opts)
+    from libreyolo.data.video import is_video
+
+    video = is_video(source)
+    if track:
+        task_opts.update(tracker=args["tracker"], persist=False)
+    if video:  # one annotated video (written by predict itself), not an image per frame
+        task_opts.update({k: args[k] for k in VIDEO_OPTIONS}, save=args["save"], save_dir=str(save_dir))
+    run = model.track if track else model.predict
+    results = run(source, imgsz=args["imgsz"], half=args["half"], device=args["device"],
+                  batch=args["batch"], cuda_graph=args["cuda_graph"], workers=args["workers"],
+                  decode=args["decode"], stream=True, **task_opts)
     names = OutputNames()  # a.jpg and a.png in one folder must not save to the same file
     for r in results:
-        stem = names.stem(r.path)
-        line = f"{r.path or 'image'}: {r.verbose()} ({', '.join(f'{k} {v:.1f} ms' for k, v in r.speed.items())})"
-        if args["save"]:
+        stem = names.stem(r.path) if r.frame is None else f"{Path(r.path or 'video').stem}_{r.frame:06d}"
+        where = r.path or "image"
+        if r.frame is not None:
+            where += f" frame {r.frame} ({r.timestamp:.3f} s)"
+        line = f"{where}: {r.verbose()} ({', '.join(f'{k} {v:.1f} ms' for k, v in r.speed.items())})"
+        if args["save"] and not video:
             line += f" -> {r.save(save_dir / f'{stem}{save_suffix(r.path)}')}"
         if args["json"]:
             atomic_write(save_dir / f"{stem}.json", lambda tmp, r=r: tmp.write_text(r.to_json(indent=1)))
@@ -304,6 +328,7 @@ def cmd_quantize(args: dict[str, Any]) -> int:
 
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
+    "track": (cmd_track, TRACK_OPTS, "Track objects over the frames of a video, stream or webcam (detect models)."),
     "export": (cmd_export, EXPORT_OPTS, "Export to ONNX, ExecuTorch, CoreML, TensorRT, AOTI or Triton, validated."),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "One row per format: size, validation, error, metric, speed."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),

@@ -47,13 +47,16 @@ class OutputNames:
 
 
 class Boxes:
-    """Detections of one image. Tensors stay on the device they were computed on."""
+    """Detections of one image. Tensors stay on the device they were computed on. ``id``: the
+    track ids (int64, from 1) of boxes that ``track()`` returned, else None."""
 
-    def __init__(self, xyxy: torch.Tensor, conf: torch.Tensor, cls: torch.Tensor, orig_shape: tuple[int, int]):
+    def __init__(self, xyxy: torch.Tensor, conf: torch.Tensor, cls: torch.Tensor, orig_shape: tuple[int, int],
+                 id: torch.Tensor | None = None):  # noqa: A002 - the name users know (Ultralytics' boxes.id)
         self.xyxy = xyxy
         self.conf = conf
         self.cls = cls
         self.orig_shape = orig_shape
+        self.id = id
 
     @property
     def data(self) -> torch.Tensor:
@@ -78,7 +81,8 @@ class Boxes:
         return int(self.conf.shape[0])
 
     def cpu(self) -> Boxes:
-        return Boxes(self.xyxy.cpu(), self.conf.cpu(), self.cls.cpu(), self.orig_shape)
+        return Boxes(self.xyxy.cpu(), self.conf.cpu(), self.cls.cpu(), self.orig_shape,
+                     None if self.id is None else self.id.cpu())
 
     # --- the payload protocol (libreyolo.results.Results) ----------------------------------
     def n_predictions(self) -> int:
@@ -89,10 +93,14 @@ class Boxes:
 
     def summary(self, names: dict[int, str]) -> list[dict[str, Any]]:
         b = self.cpu()
-        return [{"name": names.get(int(k), str(int(k))), "class": int(k), "confidence": round(c, 5),
-                 "box": {"x1": round(xyxy[0], 3), "y1": round(xyxy[1], 3), "x2": round(xyxy[2], 3),
-                         "y2": round(xyxy[3], 3)}}
-                for xyxy, c, k in zip(b.xyxy.tolist(), b.conf.tolist(), b.cls.tolist(), strict=True)]
+        out = [{"name": names.get(int(k), str(int(k))), "class": int(k), "confidence": round(c, 5),
+                "box": {"x1": round(xyxy[0], 3), "y1": round(xyxy[1], 3), "x2": round(xyxy[2], 3),
+                        "y2": round(xyxy[3], 3)}}
+               for xyxy, c, k in zip(b.xyxy.tolist(), b.conf.tolist(), b.cls.tolist(), strict=True)]
+        if b.id is not None:
+            for row, i in zip(out, b.id.tolist(), strict=True):
+                row["track_id"] = int(i)
+        return out
 
     def draw(self, image: Any, names: dict[int, str], *, line_width: int | None = None, labels: bool = True,
              conf: bool = True) -> Any:
@@ -102,7 +110,8 @@ class Boxes:
         return image
 
     def __repr__(self) -> str:
-        return f"Boxes(n={len(self)}, orig_shape={self.orig_shape})"
+        tracked = "" if self.id is None else ", tracked"
+        return f"Boxes(n={len(self)}, orig_shape={self.orig_shape}{tracked})"
 
 
 class Probs:
@@ -199,10 +208,12 @@ class Results:
     """Everything predicted for one image: the payload of its model's task under the attribute
     name users know (``boxes``, ``probs``, ``semantic_mask``, ...; :mod:`libreyolo.tasks`), the
     others None. A payload has ``n_predictions()``, ``summary(names)``, ``verbose(names)``,
-    ``draw(image, names, **kw)`` and ``cpu()``; Results delegates to it."""
+    ``draw(image, names, **kw)`` and ``cpu()``; Results delegates to it. A video frame's Results
+    also carry ``frame`` (its index in the video) and ``timestamp`` (seconds); None for images."""
 
     def __init__(self, *, names: dict[int, str], orig_shape: tuple[int, int], path: str | None = None,
-                 orig_img: Any = None, speed: dict[str, float] | None = None, **payloads: Any):
+                 orig_img: Any = None, speed: dict[str, float] | None = None, frame: int | None = None,
+                 timestamp: float | None = None, **payloads: Any):
         from libreyolo.tasks import payload_names
 
         known = payload_names()
@@ -211,7 +222,8 @@ class Results:
             raise TypeError(f"Results got unknown payload(s) {unknown}; registered: {sorted(known)}")
         own = {"_payloads": {k: v for k, v in payloads.items() if v is not None}, "names": names,
                "orig_shape": orig_shape, "path": path, "_orig_img": orig_img,
-               "speed": speed or {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}}
+               "speed": speed or {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0},
+               "frame": frame, "timestamp": timestamp}  # a video frame's index and time (s); None otherwise
         self.__dict__.update(own)  # its own fields: no payload lookup per result
 
     def __getattr__(self, name: str) -> Any:

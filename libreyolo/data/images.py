@@ -35,6 +35,8 @@ class SourceImage:
     hwc: bool = True
     bgr: bool = False
     from_file: bool = False  # decoded from ``path``: can be read again instead of kept in memory
+    frame: int | None = None  # a video frame's index in its video (libreyolo.data.video)
+    timestamp: float | None = None  # a video frame's presentation time, seconds
 
     def to_device(self, device: torch.device) -> torch.Tensor:
         """CHW RGB on ``device``: upload first (one transfer of the raw bytes), reorder there."""

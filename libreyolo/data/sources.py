@@ -194,11 +194,14 @@ class Sources:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     on_device: bool = False  # some image is a tensor already on a device (nothing to decode or upload)
     decode_on: torch.device | None = None  # JPEG files decoded on this device (libreyolo.data.device_decode)
+    video: Any = None  # a video source's VideoInfo (libreyolo.data.video): frames come from its decode thread
+    frames: int | None = None  # a video file's frame count to come, when its container declares one
 
     @property
     def total(self) -> int | None:
-        """How many images there are, or None for a generator source (not known in advance)."""
-        return len(self.pending) if isinstance(self.pending, list) else None
+        """How many images there are, or None for a generator source (not known in advance; a video
+        file's declared frame count, after vid_stride and the range)."""
+        return len(self.pending) if isinstance(self.pending, list) else self.frames
 
     def __len__(self) -> int:
         if self.total is None:
@@ -314,22 +317,34 @@ def _planned(items: Iterator[Any], color_format: str) -> Iterator[_Pending]:
         raise ImageError("the source generator yielded no images")
 
 
-def open_sources(source: Any, color_format: str = "bgr") -> Sources:
+def open_sources(source: Any, color_format: str = "bgr", video: dict[str, Any] | None = None) -> Sources:
     """Check ``source`` and plan its images without decoding them (see the module docstring).
 
     A generator (any iterator, e.g. a video's frames) is not consumed here: each item is checked
     when its batch is assembled, so an unsupported item raises there, after the batches before it.
+    A video (file, stream URL or webcam index: :mod:`libreyolo.data.video`) is opened here, and its
+    frames decoded on its own thread as their batches come; ``video``: its options (``vid_stride``,
+    ``start_frame``, ``end_frame``, checked by the caller).
     """
     if color_format not in ("bgr", "rgb"):
         raise ImageError(f"color_format must be 'bgr' or 'rgb', got {color_format!r}")
     if source is None:
         raise ImageError("no source given: pass an image path, directory, array, PIL image or tensor")
+    from libreyolo.data.video import VideoSource, is_video
+
+    if is_video(source):
+        opened = VideoSource(source, **(video or {}))
+        planned = (_Pending(lambda img=img: img) for img in opened.frames())
+        return Sources(planned, single=False, video=opened.info, frames=opened.expected)
     if isinstance(source, Iterator) and not isinstance(source, io.IOBase):
         return Sources(_planned(source, color_format), single=False)
     is_list = isinstance(source, (list, tuple))
     items = list(source) if is_list else [source]
     if not items:
         raise ImageError("the source list is empty")
+    if is_list and any(is_video(i) for i in items):
+        raise ImageError("a video can only be the whole source: predict one video per call (stream=True), "
+                         "not a list with videos in it")
     pending: list[_Pending] = []
     multi = is_list
     for n, item in enumerate(items):

@@ -40,9 +40,24 @@ COMPILE_OPTION = Opt(as_compile_mode, False, "torch.compile the inference copy, 
                      "first use: true (reduce-overhead on CUDA, default on the CPU), false, or a mode (default, "
                      "reduce-overhead, max-autotune, max-autotune-no-cudagraphs)", True)
 
+# the options of a video source (libreyolo.data.video), declared once: predict(), track() and the CLI
+VIDEO_OPTIONS: dict[str, Opt] = {
+    "vid_stride": Opt(int, 1, "video sources: keep every n-th frame", min=1, max=10_000),
+    "start_frame": Opt(int, 0, "video sources: the first frame to predict (0-based; earlier frames are decoded "
+                       "and dropped)", min=0),
+    "end_frame": Opt(int, None, "video sources: stop before this frame (unset: the end of the video)", min=1),
+}
+
+# what a video source (file, stream, webcam) takes: frames kept, and the annotated video (libreyolo.data.video)
+VIDEO_PREDICT_OPTIONS: dict[str, Opt] = {
+    **VIDEO_OPTIONS,
+    "save": Opt(as_bool, False, "video sources: write the annotated video to save_dir/<name>.mp4", True),
+    "save_dir": Opt(str, "runs/predict", "where the annotated video goes"),
+}
+
 # with the tasks' own options (libreyolo.tasks: detect conf, iou, max_det, max_nms, classes; semantic
 # classes), each declared once by its task
-PREDICT_OPTIONS: dict[str, Opt] = {**all_task_options(), **COMMON_PREDICT_OPTIONS}
+PREDICT_OPTIONS: dict[str, Opt] = {**all_task_options(), **COMMON_PREDICT_OPTIONS, **VIDEO_PREDICT_OPTIONS}
 
 BENCH_OPTIONS: dict[str, Opt] = {
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (unset: cuda when available)"),

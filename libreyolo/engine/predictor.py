@@ -149,6 +149,11 @@ class Predictor:
         progress: bool | None = None,
         workers: int | None = None,
         decode: str = "cpu",
+        vid_stride: int = 1,
+        start_frame: int = 0,
+        end_frame: int | None = None,
+        save: bool = False,
+        save_dir: str = "runs/predict",
         **options: Any,
     ) -> Results | list[Results] | Iterator[Results]:
         """Predict. One input gives one :class:`Results`; a list, directory or batch gives a list.
@@ -180,13 +185,67 @@ class Predictor:
         (``torchvision``, extra ``gpu-decode``); other files, and JPEGs nvJPEG cannot take, are
         decoded by Pillow. nvJPEG's pixels differ slightly from Pillow's (docs/predict.md). Its default
         ``workers`` is 0 (one thread reads, decodes and runs each batch: the fastest measured).
+
+        A video (a file such as ``clip.mp4``, an ``rtsp://``/``http://`` stream, a webcam index) is
+        decoded by PyAV on a thread of its own as its batches come (extra ``video``; docs/video.md):
+        ``vid_stride`` keeps every n-th frame, ``start_frame``/``end_frame`` a range, and each Results
+        has ``frame`` and ``timestamp``. Use ``stream=True`` for long videos (a list keeps every frame).
+        ``save=True`` writes the annotated video to ``save_dir/<name>.mp4`` (video sources only).
         """
-        given, opts, imgsz, step, run_device, half = self._checked_call(
-            options, imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph,
-            color_format=color_format, verbose=verbose, stream=stream, progress=progress, workers=workers,
-            decode=decode)
+        return self._predict_source(source, options, dict(
+            imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph, color_format=color_format,
+            verbose=verbose, stream=stream, progress=progress, workers=workers, decode=decode, vid_stride=vid_stride,
+            start_frame=start_frame, end_frame=end_frame, save=save, save_dir=save_dir))
+
+    def track(self, source: Any = None, *, tracker: str = "bytetrack", persist: bool = False,
+              **kwargs: Any) -> Results | list[Results] | Iterator[Results]:
+        """:meth:`predict` with the boxes followed across frames (:mod:`libreyolo.track`, extra ``track``):
+        each Results' ``boxes`` are the confirmed tracks' boxes, with ``boxes.id`` (from 1).
+
+        ``tracker``: bytetrack, sort, ocsort or botsort (Roboflow ``trackers``). ``persist=True``
+        keeps this source's tracks for the next call on it (one tracker per source: two videos
+        never share identities); else each call starts fresh. ``kwargs``: :meth:`predict`'s.
+        Detect models only; the others raise :class:`ArgumentError` saying so."""
+        import inspect
+
+        from libreyolo.track.options import TRACK_OPTIONS
+        from libreyolo.track.tracking import Tracking, check_trackable, new_tracker, source_key, tracked
+
+        name = TRACK_OPTIONS["tracker"].check("tracker", tracker)
+        persist = TRACK_OPTIONS["persist"].check("persist", persist)
+        check_trackable(self._task())
+        new_tracker(name, None)  # the package is there (else one line naming the extra), before any work
+        call = {n: p.default for n, p in inspect.signature(Predictor.predict).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        call.update({k: kwargs.pop(k) for k in list(kwargs) if k in call})
+        state = self.__dict__.setdefault("_tracking", Tracking())
+        key = source_key(source)
+
+        def wrap(run: Iterator[Results], sources: Sources) -> Iterator[Results]:
+            fps = sources.video.fps / call["vid_stride"] if sources.video is not None else None
+            return tracked(run, state.tracker_for(name, key, fps, persist))
+
+        return self._predict_source(source, kwargs, call, wrap)
+
+    def reset_tracks(self) -> None:
+        """Forget the tracks that :meth:`track` kept with ``persist=True`` (every source's)."""
+        state = self.__dict__.get("_tracking")
+        if state is not None:
+            state.reset()
+
+    def _predict_source(self, source: Any, options: dict[str, Any], call: dict[str, Any],
+             wrap: Callable[[Iterator[Results], Sources], Iterator[Results]] | None = None
+             ) -> Results | list[Results] | Iterator[Results]:
+        """:meth:`predict` (and :meth:`track`, which passes ``wrap``: a pass over the Results stream)."""
+        given, opts, imgsz, step, run_device, half = self._checked_call(options, **call)
         cuda_graph, verbose, stream, progress = (given[k] for k in ("cuda_graph", "verbose", "stream", "progress"))
-        sources = open_sources(source, color_format=given["color_format"])
+        from libreyolo.data.video import is_video
+
+        if given["save"] and not is_video(source):
+            raise ArgumentError("save=True writes the annotated video of a video source; for images use "
+                                "Results.save() or `libreyolo predict`")
+        video = {k: given[k] for k in ("vid_stride", "start_frame", "end_frame")}
+        sources = open_sources(source, color_format=given["color_format"], video=video)
         if given["decode"] == "cuda":
             sources.decode_on = _device_decoding(run_device)
         if verbose:
@@ -197,6 +256,12 @@ class Predictor:
             workers = 0  # measured fastest with nvJPEG on the H200 (1,863 images/s; 4 threads 1,688, 8 threads 1,406)
         run = self._stream(sources, step, progress=progress, verbose=verbose, keep_pixels=stream, workers=workers,
                            opts=opts, imgsz=imgsz, half=half, cuda_graph=cuda_graph, device=run_device)
+        if wrap is not None:
+            run = wrap(run, sources)
+        if given["save"]:
+            from libreyolo.data.video_writer import save_video
+
+            run = save_video(run, sources.video, given["save_dir"], vid_stride=given["vid_stride"])
         if stream:
             return run
         results = list(run)
@@ -378,7 +443,7 @@ class Predictor:
             speed = clock.speed(len(chunk), read_s=time.perf_counter() - t_read)
             return [make_results(task, pred, names=self.names, orig_shape=meta.orig_shape, path=img.path,
                                  orig_img=img.original if img.original is not None else img.pixels,
-                                 speed=dict(speed))
+                                 speed=dict(speed), frame=img.frame, timestamp=img.timestamp)
                     for img, meta, pred in zip(chunk, metas, preds, strict=True)]
 
         return finish

@@ -96,6 +96,9 @@ class Task:
     # why models of this task cannot be trained, in one sentence; None: they can (where the family
     # declares a loss). train() and ``libreyolo train`` stop with it before reading any argument
     training_unavailable: ClassVar[str | None] = None
+    # whether track() can follow this task's predictions across frames (libreyolo.track: it follows
+    # Results.boxes, so only tasks whose payload is boxes); the others say so in one line
+    trackable: ClassVar[bool] = False
     # predict options this task takes, declared once (predict(), the CLI and val read this table)
     options: ClassVar[dict[str, Opt]] = {}
     # val options beyond data/imgsz/batch/workers/device, and their val defaults

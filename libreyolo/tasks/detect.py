@@ -31,6 +31,7 @@ DETECT_OPTIONS: dict[str, Opt] = {
 class Detect(Task):
     name = "detect"
     payload = "boxes"
+    trackable = True  # libreyolo.track follows Results.boxes
     options = DETECT_OPTIONS
     metric = "mAP50-95"
     decoded_match = "libreyolo.export.matching:match_detections"

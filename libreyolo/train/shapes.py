@@ -233,3 +233,45 @@ def make_restore_dataset(root: str | Path, *, n: int = 4, imgsz: int = 64, seed:
     for k in range(n):
         _restore_sample(imgsz, rng).save(root / f"hr_{k:05d}.png")
     return root
+
+
+def shapes_sequence(n_frames: int = 30, *, width: int = 160, height: int = 128, n_objects: int = 3, size: int = 36,
+                    speed: float = 2.0, seed: int = 0) -> tuple[list[np.ndarray], list[list[tuple[int, int, tuple]]]]:
+    """Frames of shapes moving across a fixed background, with known identities (tracking tests).
+
+    ``n_objects`` shapes (classes in turn: square, circle, triangle) of ``size`` pixels, one per
+    horizontal lane so they never overlap (no occlusion, no entry or exit), each moving at
+    ``speed`` pixels a frame in a random direction and bouncing off the image's sides.
+    Returns (RGB uint8 frames, per frame [(identity from 1, class, (x1, y1, x2, y2)), ...])."""
+    rng = np.random.default_rng(seed)
+    lane = height // n_objects
+    if lane < size or width < size + 2:
+        raise ValueError(f"{n_objects} shapes of {size} px do not fit a {width}x{height} frame without overlap")
+    background = _background(height, width, rng)
+    objs = []
+    for k in range(n_objects):
+        x = float(rng.uniform(0, width - size))
+        y = float(k * lane + rng.uniform(0, lane - size))
+        angle = rng.uniform(-0.5, 0.5) + (0 if rng.random() < 0.5 else np.pi)
+        objs.append({"cls": k % len(CLASSES), "x": x, "y": y, "dx": speed * np.cos(angle), "dy": speed * np.sin(angle),
+                     "lo": k * lane, "hi": (k + 1) * lane - size, "colour": _colour(rng)})
+    frames: list[np.ndarray] = []
+    truth: list[list[tuple[int, int, tuple]]] = []
+    for _ in range(n_frames):
+        img = Image.fromarray(background)
+        draw = ImageDraw.Draw(img)
+        boxes = []
+        for ident, o in enumerate(objs, 1):
+            x1, y1 = round(o["x"]), round(o["y"])
+            box = (x1, y1, x1 + size, y1 + size)
+            _draw(draw, o["cls"], box, o["colour"])
+            boxes.append((ident, o["cls"], box))
+            o["x"] += o["dx"]
+            o["y"] += o["dy"]
+            if not 0 <= o["x"] <= width - size:
+                o["dx"], o["x"] = -o["dx"], min(max(o["x"], 0), width - size)
+            if not o["lo"] <= o["y"] <= o["hi"]:
+                o["dy"], o["y"] = -o["dy"], min(max(o["y"], o["lo"]), o["hi"])
+        frames.append(np.asarray(img))
+        truth.append(boxes)
+    return frames, truth

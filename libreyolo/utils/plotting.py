@@ -34,11 +34,13 @@ def draw_boxes(image: Image.Image, boxes: Any, names: dict[int, str], *, line_wi
     lw = line_width or max(2, round(sum(image.size) / 2 * 0.003))
     font = ImageFont.load_default()
     b = boxes.cpu()
-    for (x1, y1, x2, y2), c, k in zip(b.xyxy.tolist(), b.conf.tolist(), b.cls.tolist(), strict=True):
+    ids = [None] * len(b) if getattr(b, "id", None) is None else b.id.tolist()
+    for (x1, y1, x2, y2), c, k, i in zip(b.xyxy.tolist(), b.conf.tolist(), b.cls.tolist(), ids, strict=True):
         color = class_color(int(k))
         draw.rectangle([x1, y1, x2, y2], outline=color, width=lw)
         if labels:
-            text = names.get(int(k), str(int(k))) + (f" {c:.2f}" if show_conf else "")
+            text = ("" if i is None else f"id:{int(i)} ") + names.get(int(k), str(int(k))) + \
+                (f" {c:.2f}" if show_conf else "")
             left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
             tw, th = right - left, bottom - top
             ty = y1 - th - 4 if y1 - th - 4 >= 0 else y1

@@ -1,0 +1,245 @@
+"""Video sources for ``predict()`` and ``track()``: files, network streams and webcams, decoded by PyAV.
+
+A source is a video when it is a path with a video suffix (:data:`VIDEO_SUFFIXES`), an
+``rtsp://`` / ``rtsps://`` / ``rtmp://`` / ``http(s)://`` URL, or a webcam index (``0``, ``"0"``).
+:func:`open_video` opens it at once (so a missing file, an unreadable container, a refused
+connection or an absent camera is one error before any work, never a hang: network sources are
+opened with :data:`NETWORK_TIMEOUT_S`) and returns a :class:`VideoSource` whose :meth:`frames`
+are decoded on one background thread into a bounded queue (:data:`QUEUE_FRAMES`): frames are
+decoded only as fast as the batches that use them are consumed, so memory stays flat whatever the
+length. Each frame is a :class:`~libreyolo.data.images.SourceImage` (RGB, HWC uint8) carrying its
+index in the video (``frame``, counted from 0 over every decoded frame, whatever ``vid_stride``)
+and its presentation time in seconds (``timestamp``).
+
+``vid_stride`` keeps every n-th frame, ``start_frame`` / ``end_frame`` (end exclusive) a range
+(declared in :data:`libreyolo.engine.options.VIDEO_OPTIONS`);
+frames before the start are decoded and dropped (no seeking: exact for every codec).
+PyAV is the optional extra ``video`` (``pip install 'libreyolo[video]'``).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from libreyolo.errors import ImageError, require
+
+VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".ts", ".wmv",
+                            ".flv", ".gif", ".3gp", ".asf", ".mts", ".m2ts"})
+STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+NETWORK_TIMEOUT_S = 5.0  # opening and reading a network stream: longer is an error, not a hang
+QUEUE_FRAMES = 8         # decoded frames waiting for their batch, at most (the decode thread's lead)
+_WEBCAM = re.compile(r"^\d{1,3}$")
+MAX_WEBCAM = 255  # a larger integer is not a webcam index (it stays an unsupported source)
+
+
+
+def is_video(source: Any) -> bool:
+    """Whether ``source`` names a video: a video file, a stream URL or a webcam index."""
+    if isinstance(source, bool):
+        return False
+    if isinstance(source, int):
+        return 0 <= source <= MAX_WEBCAM
+    if not isinstance(source, (str, Path)):
+        return False
+    text = os.fspath(source)
+    if isinstance(source, str) and _WEBCAM.match(text) and int(text) <= MAX_WEBCAM and not os.path.exists(text):
+        return True
+    if text.lower().startswith(STREAM_SCHEMES):
+        return Path(text.split("?")[0]).suffix.lower() not in _IMAGE_URL_SUFFIXES
+    return Path(text).suffix.lower() in VIDEO_SUFFIXES
+
+
+_IMAGE_URL_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+
+
+def _av() -> Any:
+    return require("av", "video", "reading and writing videos")
+
+
+@dataclass
+class VideoInfo:
+    """What is known of a video before decoding: where from, frame rate, size, frame count (None: unknown)."""
+
+    name: str
+    fps: float
+    width: int
+    height: int
+    frames: int | None
+    live: bool  # a camera or network stream (no end known)
+
+
+class VideoSource:
+    """One opened video; iterate :meth:`frames` once. :meth:`close` stops the decode thread."""
+
+    def __init__(self, source: Any, *, vid_stride: int = 1, start_frame: int = 0, end_frame: int | None = None) -> None:
+        if end_frame is not None and end_frame <= start_frame:
+            raise ImageError(f"end_frame={end_frame} must be after start_frame={start_frame}")
+        self.stride, self.start, self.end = vid_stride, start_frame, end_frame
+        av = _av()
+        self._container, self.info = _open(av, source)
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
+        self._thread: threading.Thread | None = None
+        self.decoded = 0  # frames decoded so far (the tests watch the decode thread's lead)
+
+    @property
+    def expected(self) -> int | None:
+        """How many frames :meth:`frames` will give, when the container says how many it has."""
+        n = self.info.frames if self.end is None else min(self.end, self.info.frames or self.end)
+        if n is None:
+            return None
+        return max(0, -(-(n - self.start) // self.stride))
+
+    def frames(self) -> Iterator[Any]:
+        """The kept frames as :class:`SourceImage` objects, in order; a decoding error raises
+        :class:`ImageError` at its place (after the frames before it)."""
+        if self._thread is not None:
+            raise ImageError(f"{self.info.name}: a video source can be iterated once; open it again")
+        self._thread = threading.Thread(target=self._decode, name="libreyolo-video", daemon=True)
+        self._thread.start()
+        try:
+            while True:
+                kind, value = self._queue.get()
+                if kind == "frame":
+                    yield value
+                elif kind == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            while self._thread.is_alive():  # unblock a put() waiting for room
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+                self._thread.join(0.05)
+        try:
+            self._container.close()
+        except Exception:  # already closed, or a stream that failed mid-way: nothing left to release
+            pass
+
+    def _put(self, item: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _decode(self) -> None:
+        from libreyolo.data.images import SourceImage, _as_tensor
+
+        av = sys.modules["av"]
+        info = self.info
+        try:
+            stream = self._container.streams.video[0]
+            stream.thread_type = "AUTO"
+            index = -1
+            for frame in self._container.decode(stream):
+                index += 1
+                self.decoded = index + 1
+                if self._stop.is_set() or (self.end is not None and index >= self.end):
+                    break
+                if index < self.start or (index - self.start) % self.stride:
+                    continue
+                arr = frame.to_ndarray(format="rgb24")
+                t = frame.time if frame.time is not None else index / info.fps
+                img = SourceImage(_as_tensor(arr), info.name, arr, frame=index, timestamp=float(t))
+                if not self._put(("frame", img)):
+                    return
+            stopped = self._stop.is_set() or (self.end is not None and index >= self.end)
+            if info.frames and not stopped and index + 1 < info.frames:
+                raise ImageError(f"{info.name}: the video ended after {index + 1} of its {info.frames} frames; "
+                                 "the file is truncated or corrupt")
+            if index < self.start and not stopped:
+                raise ImageError(f"{info.name}: start_frame={self.start} is past the video's last frame ({index})")
+            self._put(("end", None))
+        except av.error.FFmpegError as exc:
+            self._put(("error", ImageError(f"{info.name}: decoding failed ({_why(exc)}); the video may be truncated "
+                                           "or corrupt, or the stream dropped")))
+        except BaseException as exc:  # handed to the consumer, raised there in order
+            self._put(("error", exc))
+
+
+def _why(exc: Exception) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def _open(av: Any, source: Any) -> tuple[Any, VideoInfo]:
+    """(container, info) of ``source``, or ImageError saying why it cannot be opened."""
+    live = False
+    options: dict[str, str] = {}
+    fmt = None
+    if isinstance(source, int) or (isinstance(source, str) and _WEBCAM.match(source)):
+        index = int(source)
+        name = f"webcam {index}"
+        target, fmt, live = _webcam(index)
+    else:
+        target = os.fspath(source)
+        name = target
+        if target.lower().startswith(STREAM_SCHEMES):
+            live = True
+            us = str(int(NETWORK_TIMEOUT_S * 1e6))
+            options = {"timeout": us, "rw_timeout": us}  # connect/read timeouts (microseconds)
+            if target.lower().startswith("rtsp"):
+                options["rtsp_transport"] = "tcp"
+        else:
+            p = Path(target)
+            if not p.exists():
+                raise ImageError(f"video file not found: {target}")
+            if not p.is_file():
+                raise ImageError(f"{target} is not a regular file")
+    t0 = time.monotonic()
+    try:
+        container = av.open(target, format=fmt, options=options, timeout=NETWORK_TIMEOUT_S if live else None)
+    except av.error.FFmpegError as exc:
+        if live and time.monotonic() - t0 >= 0.9 * NETWORK_TIMEOUT_S:
+            raise ImageError(f"cannot open {name}: no answer within {NETWORK_TIMEOUT_S:g} s ({_why(exc)})") from None
+        raise ImageError(f"cannot open {name}: {_why(exc)}" + (
+            "" if live else "; the file may be truncated, corrupt or not a video")) from None
+    except OSError as exc:
+        raise ImageError(f"cannot open {name}: {exc.strerror or exc}") from None
+    if not container.streams.video:
+        container.close()
+        raise ImageError(f"{name} has no video stream")
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    fps = float(rate) if rate else 30.0
+    frames = stream.frames or None
+    w, h = stream.codec_context.width, stream.codec_context.height
+    if not w or not h:
+        container.close()
+        raise ImageError(f"{name}: the video stream has no frame size; the file may be corrupt")
+    return container, VideoInfo(name, fps, w, h, None if live else frames, live)
+
+
+def _webcam(index: int) -> tuple[str, str, bool]:
+    """(device, ffmpeg input format, live) of webcam ``index``, checked to exist where that can be
+    told without opening it (Linux: /dev/videoN)."""
+    if sys.platform.startswith("linux"):
+        dev = f"/dev/video{index}"
+        if not os.path.exists(dev):
+            cams = sorted(p.name for p in Path("/dev").glob("video[0-9]*"))
+            raise ImageError(f"webcam {index} not found: {dev} does not exist "
+                             f"({'cameras here: ' + ', '.join(cams) if cams else 'no camera on this machine'})")
+        return dev, "v4l2", True
+    if sys.platform == "darwin":
+        return str(index), "avfoundation", True
+    if sys.platform.startswith("win"):
+        raise ImageError(f"webcam {index}: webcam indices are not supported on Windows yet; read the frames "
+                         "yourself (e.g. OpenCV) and pass them as a generator")
+    raise ImageError(f"webcam {index}: webcams are not supported on {sys.platform}")
