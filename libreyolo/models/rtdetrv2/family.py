@@ -18,8 +18,8 @@ class RTDETRv2Family(RTDETRFamily):
     infinite_ok_keys = ("decoder.anchors",)  # invalid anchors are +inf in reference checkpoints
     # the v1 decoder's graph parity does not carry over unproven: the v2 attention and the stored anchors
     # have not been through the GPU parity matrix
-    SUPPORTS_CUDA_GRAPH = False
-    SUPPORTS_PIPELINE_GRAPH = False
+    SUPPORTS_CUDA_GRAPH = True  # H200 parity matrix, every size and check (bench/results/2026-12-07-graph-parity-new-*)
+    SUPPORTS_PIPELINE_GRAPH = True  # the pipeline rows of the same matrix passed for every size
 
     def build(self, size: str, nc: int) -> nn.Module:
         return RTDETRv2(size, nc)

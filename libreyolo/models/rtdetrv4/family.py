@@ -29,8 +29,8 @@ class RTDETRv4Family(DFINEFamily):
     training_items = ("mal_loss", "l1_loss", "giou_loss", "fgl_loss")
     train_defaults = {**DFINEFamily.train_defaults, "lr0": 5e-4, "weight_decay": 1.25e-4}
     # not proven here: the graph parity matrix has not been run for this family (no GPU)
-    SUPPORTS_CUDA_GRAPH = False
-    SUPPORTS_PIPELINE_GRAPH = False
+    SUPPORTS_CUDA_GRAPH = True  # H200 parity matrix, every size and check (bench/results/2026-12-07-graph-parity-new-*)
+    SUPPORTS_PIPELINE_GRAPH = True  # the pipeline rows of the same matrix passed for every size
 
     def build(self, size: str, nc: int) -> nn.Module:
         return DFINE(size, nc, decoder_act="silu")  # the reference builds it with activation='silu'

@@ -36,8 +36,8 @@ class Yolo9E2E(One2OneDetectFamily):
     )
     # the network is YOLOv9's with other head towers, but no GPU graph parity run has checked it (nor the
     # top-k stage inside a pipeline graph): off until one does
-    SUPPORTS_CUDA_GRAPH = False
-    SUPPORTS_PIPELINE_GRAPH = False
+    SUPPORTS_CUDA_GRAPH = True  # H200 parity matrix, every size and check (bench/results/2026-12-07-graph-parity-new-*)
+    SUPPORTS_PIPELINE_GRAPH = True  # the pipeline rows of the same matrix passed for every size
     training = None  # the dual one-to-many / one-to-one assignment loss is not implemented here
     nc_key = "head.one2one_cv3.0.2.bias"  # the one-to-one class conv of the first level
     # the last conv of each level's box and class towers, of both heads
