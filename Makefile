@@ -10,6 +10,9 @@ TORCH ?= torch==2.13.0
 # extras the test suite exercises (export formats that run on a CPU machine)
 EXTRAS ?= dev,onnx-simplify,executorch,coreml,openvino,train,serve,ncnn,tflite,video,track
 COMPAT ?= $(abspath ../shared/compat)
+# the suite runs on both cores (pytest-xdist); a test file stays on one worker, so its module fixtures
+# (exports shared by its tests) are built once. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv demo test lint clean
 
@@ -27,7 +30,7 @@ demo: venv
 	$(BIN)/libreyolo predict model=out/LibreYOLO9t-shapes.onnx source=libreyolo/assets/shapes.jpg save_dir=out
 
 test: venv
-	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" --durations=30 tests
+	LIBREYOLO_COMPAT_DIR=$${LIBREYOLO_COMPAT_DIR:-$(COMPAT)} $(BIN)/python -m pytest -q -m "not gpu" -n $(PYTEST_WORKERS) --dist loadfile --durations=30 tests
 
 lint: venv
 	$(BIN)/ruff check libreyolo tests examples bench
