@@ -124,8 +124,8 @@ def test_onnx_graphs_hold_only_standard_ops(static, with_nms):
 
 
 def test_unknown_format_is_a_clear_error():
-    with pytest.raises(ArgumentError, match="unknown export format 'tflite'"):
-        model().export(format="tflite")
+    with pytest.raises(ArgumentError, match="unknown export format 'caffe2'"):
+        model().export(format="caffe2")
 
 
 def test_half_on_cpu_is_refused(tmp_path):

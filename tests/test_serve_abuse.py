@@ -103,11 +103,11 @@ def test_defect2_concurrent_oversized_images_are_refused_from_their_header_witho
                                                                                           monkeypatch):
     import httpx
 
-    import libreyolo.data.sources as sources
+    import libreyolo.data.images as images  # the image decoder (sources reads files and bytes through it)
 
     decoded = []
-    real = sources._decode
-    monkeypatch.setattr(sources, "_decode", lambda f, where: decoded.append(where) or real(f, where))
+    real = images._decode
+    monkeypatch.setattr(images, "_decode", lambda f, where: decoded.append(where) or real(f, where))
     big = png(1200, 1000)  # 1.2 M pixels, 3.6 MB decoded, a few kB on the wire
 
     def post(_):
@@ -209,9 +209,11 @@ def test_defect2_a_tile_request_that_costs_more_than_the_bound_is_refused_at_onc
     small = np.ascontiguousarray(frames[0][:16, :16])
     with Batcher(sr, max_batch=2, max_wait_ms=0) as batcher:  # max_work: the served imgsz 64, squared
         start = time.perf_counter()
-        with pytest.raises(RequestTooLarge, match=r"147,456 pixels \(64x48 image, imgsz=64, its tiling options\), "
+        # tile_pad stays below tile (a larger one is refused by the option's own check, test_hostile_inputs):
+        # 8-pixel tiles with 7 pixels of context on each side cost 19,116 network pixels for a 64x48 image
+        with pytest.raises(RequestTooLarge, match=r"19,116 pixels \(64x48 image, imgsz=64, its tiling options\), "
                                                   r"over this server's limit of 4,096 \(max_work\)"):
-            batcher.submit(np.ascontiguousarray(frames[0][:48, :64]), tile=8, tile_pad=64)
+            batcher.submit(np.ascontiguousarray(frames[0][:48, :64]), tile=8, tile_pad=7)
         assert time.perf_counter() - start < 5  # refused, not run (it ran minutes before)
         restored = batcher.predict(small, timeout=120)
         assert restored.restored.shape == (64, 64, 3)

@@ -91,7 +91,7 @@ class MLP(nn.Module):
 
     def __init__(self, c_in: int, hidden: int, c_out: int, num_layers: int, act: str = "relu") -> None:
         super().__init__()
-        self._act = functional_activation(act)  # refuses an unknown name
+        self.act = functional_activation(act)  # refuses an unknown name
         dims = [c_in] + [hidden] * (num_layers - 1)
         outs = [hidden] * (num_layers - 1) + [c_out]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, outs, strict=True))
@@ -99,7 +99,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x) if i == last else self._act(layer(x))
+            x = layer(x) if i == last else self.act(layer(x))
         return x
 
 
