@@ -8,13 +8,23 @@ from pathlib import Path
 import pytest
 import torch
 
-
 # The modules whose exports take minutes on 2 CPU cores (the full run's --durations, 2026-12-07), longest first.
 # pytest-xdist (--dist loadfile) hands files to its workers in collection order: these go first, so the two workers
 # do not end with one of them alone on a long module. Order only; nothing is skipped.
 HEAVY_FIRST = ("test_export_int8.py", "test_validation_power.py", "test_export_detr.py", "test_export_deimv2.py",
                "test_export_deim.py", "test_export_tflite.py", "test_export_onnx.py", "test_export_int8_formats.py",
                "test_export_rtdetrv2.py", "test_compile.py", "test_benchmark_formats.py", "test_export_lwdetr_line.py")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's torch gets its share of the cores (``cpu_count // workers``, at least 1):
+    two workers of two intra-op threads each on a 2-core machine spin against each other (OpenMP), and the
+    suite ran several times slower. A thread count already set (OMP_NUM_THREADS) is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for the subprocesses tests start
 
 
 def _schedule_rank(item) -> int:
