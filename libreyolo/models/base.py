@@ -127,6 +127,8 @@ class Family:
     # training options this family needs other defaults for (``model.train(...)`` arguments the
     # user did not pass), e.g. the DETR recipe's AdamW at a low learning rate
     train_defaults: ClassVar[dict[str, Any]] = {}
+    # the weight EMA's (decay, tau) (libreyolo.train.optim.ModelEMA): decay * (1 - exp(-updates / tau))
+    train_ema: ClassVar[tuple[float, float]] = (0.9999, 2000.0)
     # the one input size the network takes (e.g. a fixed position embedding), or None for any
     # multiple of ``stride``
     fixed_imgsz: ClassVar[int | None] = None

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from libreyolo.models._detr.family import LW_EXPORT, LWDetectFamily
-from libreyolo.models.lwdetr.network import COCO_HEAD, SIZES, LWDETRNet
+from libreyolo.models.lwdetr.network import COCO_HEAD, SIZES, LWDETRNet, head_width
 from libreyolo.models.lwdetr.vit import GRID, PATCH
 from libreyolo.models.registry import register_family
 from libreyolo.ops.topk import topk_postprocess_later
@@ -47,6 +47,8 @@ class LWDETRFamily(LWDetectFamily):
     export = replace(LW_EXPORT, class_axes={})  # 91 logits for 80 classes, nc otherwise
     resize_method = "pil-bilinear"
     SUPPORTS_CUDA_GRAPH = False  # not through the GPU parity harness yet
+    # the LW-DETR line's recipe, which RF-DETR inherited (the reference trains only RF-DETR)
+    training = "libreyolo.models.lwdetr.family:training_loss"
 
     def build(self, size: str, nc: int) -> nn.Module:
         return LWDETRNet(size, nc)
@@ -67,3 +69,11 @@ class LWDETRFamily(LWDetectFamily):
 
     def filename(self, size: str) -> str:
         return f"LibreLWDETR{size}"
+
+
+def training_loss(nc: int) -> Any:
+    """LW-DETR's training loss for ``nc`` classes: IA-BCE + L1 + GIoU over Group-DETR queries; with 80
+    classes the head is the 91-column COCO layout and class i is trained on column ``COCO80_IDS[i]``."""
+    from libreyolo.train.loss.detr import IaBceLoss
+
+    return IaBceLoss(nc, head=head_width(nc), columns=COCO80_IDS if nc == 80 else None)
