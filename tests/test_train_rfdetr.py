@@ -84,8 +84,8 @@ def test_group_matching_matches_every_box_once_per_group():
     for k in range(groups):
         (r, c), = matcher(logits[:, k * q:(k + 1) * q], boxes[:, k * q:(k + 1) * q], gt)
         in_block = (rows >= k * q) & (rows < (k + 1) * q)
-        assert sorted(zip((rows[in_block] - k * q).tolist(), cols[in_block].tolist())) == \
-            sorted(zip(r.tolist(), c.tolist()))
+        assert sorted(zip((rows[in_block] - k * q).tolist(), cols[in_block].tolist(), strict=True)) == \
+            sorted(zip(r.tolist(), c.tolist(), strict=True))
 
 
 def test_training_group_zero_is_the_inference_path_and_groups_are_isolated():
