@@ -112,6 +112,17 @@ def test_training_group_zero_is_the_inference_path_and_groups_are_isolated():
     assert not torch.equal(moved["pred_logits"][:, :, q:], train_out["pred_logits"][:, :, q:])
 
 
+def test_every_trainable_parameter_gets_a_gradient():
+    """One training step reaches every trainable parameter (all 3 groups' encoder heads and query
+    rows, both decoder layers, the ViT and projector), as DDP needs; DINOv2's mask token, which no
+    forward reads, is frozen. Mutation: leaving it trainable lists it here."""
+    net = _small_net()
+    loss, _ = IaBceLoss(NC, head=NC + 1)(net.forward_train(net.backbone[0](_images())), TARGETS)
+    loss.backward()
+    missing = [n for n, p in net.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, missing
+
+
 def test_a_few_steps_on_a_fixed_batch_make_the_loss_fall():
     """20 AdamW steps at 1e-2 on one batch of two 64 px images, every group, layer and the encoder
     selection supervised: measured 0.65x the first total. The boxes grow from 0.05-wide proposals

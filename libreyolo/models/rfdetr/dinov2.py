@@ -76,7 +76,9 @@ class Embeddings(nn.Module):
         super().__init__()
         self.patch, self.windows, self.pe_size = patch, windows, pe_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.mask_token = nn.Parameter(torch.zeros(1, dim))  # masked pretraining only; kept for checkpoints
+        # masked pretraining only: kept for checkpoints, frozen (no forward reads it, and a trainable
+        # parameter without a gradient would stall DDP's gradient reduction)
+        self.mask_token = nn.Parameter(torch.zeros(1, dim), requires_grad=False)
         self.patch_embeddings = PatchEmbeddings(dim, patch)
         self.position_embeddings = nn.Parameter(torch.zeros(1, pe_size * pe_size + 1, dim))
         self._weights = ShapeCache()  # resize weights per (h, w, device)
