@@ -184,12 +184,12 @@ def trained(tmp_path_factory):
     return data, Path(summary["save_dir"])
 
 
-EPOCHS = 2
+EPOCHS = 1
 EXPORT_IMGSZ = 288
 
 
 def test_rfdetr_trains_on_shapes_with_finite_terms(trained):
-    """Two epochs end to end (the falling loss is checked on a fixed batch above)."""
+    """One epoch end to end (the falling loss is checked on a fixed batch above)."""
     _, run = trained
     with open(run / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
