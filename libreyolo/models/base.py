@@ -155,6 +155,11 @@ class Family:
         raise NotImplementedError(f"family {self.name!r} does not define build()")
 
     # --- training ----------------------------------------------------------------------
+    def loss_kwargs(self, nc: int) -> dict[str, Any]:
+        """Keyword arguments this family's loss factory (``training``) needs besides ``nc``, e.g. a
+        class head laid out wider than ``nc`` (passed as they are; default none)."""
+        return {}
+
     def train_encode(self, net: nn.Module, images: torch.Tensor) -> Any:
         """The part of a training step that depends on the images only: what a training CUDA
         graph captures (forward and backward). Returns a tensor or a nest of tensors."""

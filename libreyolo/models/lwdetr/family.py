@@ -48,7 +48,7 @@ class LWDETRFamily(LWDetectFamily):
     resize_method = "pil-bilinear"
     SUPPORTS_CUDA_GRAPH = False  # not through the GPU parity harness yet
     # the LW-DETR line's recipe, which RF-DETR inherited (the reference trains only RF-DETR)
-    training = "libreyolo.models.lwdetr.family:training_loss"
+    training = "libreyolo.train.loss.detr:IaBceLoss"
 
     def build(self, size: str, nc: int) -> nn.Module:
         return LWDETRNet(size, nc)
@@ -67,13 +67,9 @@ class LWDETRFamily(LWDetectFamily):
         return topk_postprocess_later(class_logits(logits), outputs["pred_boxes"], metas, conf=o.conf,
                                       max_det=min(o.max_det, int(logits.shape[1])), classes=o.classes)
 
+    def loss_kwargs(self, nc: int) -> dict[str, Any]:
+        # 80 classes: the 91-column COCO head, class i trained on column COCO80_IDS[i]
+        return {"head": head_width(nc), "columns": COCO80_IDS if nc == 80 else None}
+
     def filename(self, size: str) -> str:
         return f"LibreLWDETR{size}"
-
-
-def training_loss(nc: int) -> Any:
-    """LW-DETR's training loss for ``nc`` classes: IA-BCE + L1 + GIoU over Group-DETR queries; with 80
-    classes the head is the 91-column COCO layout and class i is trained on column ``COCO80_IDS[i]``."""
-    from libreyolo.train.loss.detr import IaBceLoss
-
-    return IaBceLoss(nc, head=head_width(nc), columns=COCO80_IDS if nc == 80 else None)

@@ -30,7 +30,7 @@ class RFDETRFamily(LWDetectFamily):
     export = replace(LW_EXPORT, class_axes={"pred_logits": (2, 1)})  # nc + 1 logits
     resize_method = "float-bilinear"
     SUPPORTS_CUDA_GRAPH = False  # not through the GPU parity harness yet
-    training = "libreyolo.models.rfdetr.family:training_loss"  # Group-DETR, IA-BCE + L1 + GIoU
+    training = "libreyolo.train.loss.detr:IaBceLoss"  # Group-DETR, IA-BCE + L1 + GIoU
 
     def build(self, size: str, nc: int) -> nn.Module:
         return RFDETR(size, nc)
@@ -42,13 +42,8 @@ class RFDETRFamily(LWDetectFamily):
         t = state.get(self.nc_key)
         return int(t.shape[0]) - 1 if isinstance(t, torch.Tensor) and t.ndim == 1 else None
 
+    def loss_kwargs(self, nc: int) -> dict[str, Any]:
+        return {"head": nc + 1}  # the nc + 1-column head: the last column is never a target (as the reference)
+
     def filename(self, size: str) -> str:
         return f"LibreRFDETR{size}"
-
-
-def training_loss(nc: int) -> Any:
-    """RF-DETR's training loss for ``nc`` classes: IA-BCE + L1 + GIoU over Group-DETR queries, on its
-    ``nc + 1``-column head (the last column is never a target, as in the reference)."""
-    from libreyolo.train.loss.detr import IaBceLoss
-
-    return IaBceLoss(nc, head=nc + 1)
