@@ -14,6 +14,8 @@ artifact (its outputs scaled by 1.001 at run time) is refused by the same valida
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -104,9 +106,15 @@ def test_lwdetr_line_onnx_artifact_with_outputs_off_by_one_permille_is_refused(n
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [
-    pytest.param("rfdetr-n", marks=pytest.mark.skip(
-        reason="not validated here: no rfdetr-n .pte export finished within the session on the shared 2-core "
-               "machine (load ~22); run it once and drop this mark")),
+    # runs and validates (no op is missing): measured 2026-12-07 here at 288 px, passed with raw outputs at
+    # 0.12x their allowance and 1500/1500 detections matched, in 88 s of CPU time (85 user + 3 sys; 391 s
+    # wall at load ~20), most of it XNNPACK lowering of the 12-block DINOv2, which no input size shrinks
+    # (below 288 px the queries outnumber the cells: see the module docstring); this test with the opt-in
+    # passed here too (93 s CPU, 440 s wall). Opt-in, over the CI budget.
+    pytest.param("rfdetr-n", marks=pytest.mark.skipif(
+        not os.environ.get("LIBREYOLO_LONG_EXPORTS"),
+        reason="rfdetr-n ExecuTorch takes ~90 s of CPU (XNNPACK lowering of its 12-block ViT); "
+               "LIBREYOLO_LONG_EXPORTS=1 runs it")),
     "lwdetr-t"])
 def test_lwdetr_line_executorch_validates_and_carries_portable_ops(name, compat_dir, compat_fill, spy,
                                                                    tmp_path_factory):

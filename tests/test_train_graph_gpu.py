@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu]
 # (family, size, imgsz, batch): every family with a training capture spec, at its smallest size
 CASES = [("yolo9", "t", 320, 4), ("yolox", "n", 320, 4), ("vit", "ti", 224, 4), ("deit", "t", 224, 4),
          ("swin", "t", 224, 2), ("rtdetr", "r18", 320, 2), ("dfine", "n", 320, 2), ("segformer", "b0", 256, 4),
-         ("rtmdet", "t", 320, 4)]
+         ("rtmdet", "t", 320, 4), ("rfdetr", "n", 320, 2)]
 
 
 def _model(name: str, size: str, imgsz: int, nc: int = 8) -> Model:

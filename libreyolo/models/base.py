@@ -127,6 +127,8 @@ class Family:
     # training options this family needs other defaults for (``model.train(...)`` arguments the
     # user did not pass), e.g. the DETR recipe's AdamW at a low learning rate
     train_defaults: ClassVar[dict[str, Any]] = {}
+    # the weight EMA's (decay, tau) (libreyolo.train.optim.ModelEMA): decay * (1 - exp(-updates / tau))
+    train_ema: ClassVar[tuple[float, float]] = (0.9999, 2000.0)
     # the one input size the network takes (e.g. a fixed position embedding), or None for any
     # multiple of ``stride``
     fixed_imgsz: ClassVar[int | None] = None
@@ -153,6 +155,11 @@ class Family:
         raise NotImplementedError(f"family {self.name!r} does not define build()")
 
     # --- training ----------------------------------------------------------------------
+    def loss_kwargs(self, nc: int) -> dict[str, Any]:
+        """Keyword arguments this family's loss factory (``training``) needs besides ``nc``, e.g. a
+        class head laid out wider than ``nc`` (passed as they are; default none)."""
+        return {}
+
     def train_encode(self, net: nn.Module, images: torch.Tensor) -> Any:
         """The part of a training step that depends on the images only: what a training CUDA
         graph captures (forward and backward). Returns a tensor or a nest of tensors."""

@@ -155,7 +155,7 @@ class Trainer:
         optimizer = build_optimizer(net, a.optimizer, lr=a.lr0, momentum=a.momentum, weight_decay=decay)
         schedule = LRSchedule(optimizer, a.epochs, steps, lrf=a.lrf, cos=a.cos_lr, warmup_epochs=a.warmup_epochs,
                               momentum=a.momentum)
-        ema = ModelEMA(net) if a.ema else None
+        ema = ModelEMA(net, *model.family.train_ema) if a.ema else None
         scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         start_epoch = 0
         if resume_state is not None:

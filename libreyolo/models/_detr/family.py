@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models._detr.training import train_decode, train_encode
+from libreyolo.models._detr.training import lw_train_decode, lw_train_encode, train_decode, train_encode
 from libreyolo.models.base import ExportContract, Family, OutputGroup
 from libreyolo.ops.stretch import Stretch
 from libreyolo.ops.topk import SetPostprocess, topk_postprocess_later
@@ -96,22 +96,45 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+# the LW-DETR line's fine-tuning recipe (the reference's RF-DETR trainer): AdamW at 1e-4 (betas 0.9,
+# 0.999), weight decay 1e-4, gradient clipping at 0.1, a constant rate without warm-up (its step
+# decay comes after 100 epochs), an effective batch of 16, no mosaic
+LW_TRAIN_DEFAULTS = {"optimizer": "AdamW", "lr0": 1e-4, "momentum": 0.9, "weight_decay": 1e-4, "clip": 0.1,
+                     "lrf": 1.0, "cos_lr": False, "warmup_epochs": 0.0, "nbs": 16, "mosaic": 0.0}
+
+
 class LWDetectFamily(SetDetectFamily):
     """Base of the LW-DETR line's families: a ViT encoder, the shared projector and decoder
-    (:mod:`libreyolo.models._detr.lw`), ImageNet-normalised stretched inputs. Inference only: the
-    Group-DETR training recipe is not implemented (``training`` is None)."""
+    (:mod:`libreyolo.models._detr.lw`), ImageNet-normalised stretched inputs. Training (where a
+    family declares its ``training`` loss): Group-DETR queries, the Hungarian matcher per group,
+    IA-BCE + L1 + GIoU on every decoder layer and the encoder selection
+    (:class:`libreyolo.train.loss.detr.IaBceLoss`), the recipe ``LW_TRAIN_DEFAULTS``, an EMA of
+    decay 0.993 ramped over 100 updates."""
 
     export = LW_EXPORT
     quant_exclude = LW_QUANT_EXCLUDE
     nc_key = "class_embed.bias"
     training = None
-    training_items = ("loss",)
-    train_capture = None
-    train_defaults: dict[str, Any] = {}
+    training_items = ("ia_bce_loss", "l1_loss", "giou_loss")
+    train_capture = "encoder"  # ViT + projector; the group selection, decoder and matcher stay eager
+    train_defaults: dict[str, Any] = LW_TRAIN_DEFAULTS
+    train_ema = (0.993, 100.0)
     resize_method = "opencv-linear"
 
     def letterbox(self, imgsz: int) -> Stretch:
         return Stretch(imgsz, method=self.resize_method, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+    def network_input(self, images: torch.Tensor) -> torch.Tensor:
+        """A dataset's 8-bit RGB batch as the network takes it: [0, 1], ImageNet mean/std."""
+        mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1)
+        return (images.float() / 255.0 - mean) / std
+
+    def train_encode(self, net: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return lw_train_encode(net, images)
+
+    def train_decode(self, net: nn.Module, features: tuple[torch.Tensor, ...], targets: torch.Tensor) -> dict:
+        return lw_train_decode(net, features, targets)
 
     def device_postprocess(self) -> None:
         return None  # no whole-pipeline graph: the heads are wider than nc (see the families)

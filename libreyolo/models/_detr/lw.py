@@ -23,8 +23,12 @@ Inference (eval mode) runs the reference's eval path:
 4. Heads on every layer: ``class_embed`` logits, ``bbox_embed`` deltas reparametrised around the
    references.
 
-Training's Group-DETR (13 query groups, one encoder head each) is not implemented here; the
-extra groups' query rows and encoder heads are loaded and kept so checkpoints round-trip.
+Training (:meth:`LWDETR.forward_train`) runs Group-DETR: ``group_detr`` (13) query groups, each
+with its own encoder head (``enc_output[g]``, ``enc_output_norm[g]``, ``enc_out_*_embed[g]``), its
+own top-k selection and its own rows of ``query_feat`` / ``refpoint_embed``; the decoder's
+self-attention stays inside a group, cross-attention and the heads are shared. The selected
+boxes enter the decoder's references detached (the encoder boxes are supervised on their own).
+Inference uses group 0 only, so the eval path above is unchanged.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from torch import nn
 
 from libreyolo.models._detr.anchors import ShapeCache
 from libreyolo.models._detr.deformable import MSDeformableAttention
+from libreyolo.models._detr.denoising import pack_train_outputs
 from libreyolo.models._detr.layers import MLP, MultiheadAttention
 
 Shapes = list[tuple[int, int]]
@@ -121,9 +126,14 @@ class LWDecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(d)
 
     def forward(self, tgt: torch.Tensor, memory: torch.Tensor, query_pos: torch.Tensor, reference: torch.Tensor,
-                shapes: Shapes) -> torch.Tensor:
+                shapes: Shapes, groups: int = 1) -> torch.Tensor:
         q = tgt + query_pos
-        tgt = self.norm1(tgt + self.self_attn(q, q, tgt))
+        if groups == 1:
+            tgt = self.norm1(tgt + self.self_attn(q, q, tgt))
+        else:  # Group-DETR: each group's queries attend to their own group only
+            b, n, c = tgt.shape
+            q_g, v_g = q.reshape(b * groups, n // groups, c), tgt.reshape(b * groups, n // groups, c)
+            tgt = self.norm1(tgt + self.self_attn(q_g, q_g, v_g).reshape(b, n, c))
         tgt = self.norm2(tgt + self.cross_attn(tgt + query_pos, reference, memory, shapes))
         return self.norm3(tgt + self.linear2(F.relu(self.linear1(tgt))))
 
@@ -136,13 +146,15 @@ class LWDecoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden)
         self.ref_point_head = MLP(2 * cfg.hidden, cfg.hidden, cfg.hidden, 2)
 
-    def forward(self, tgt: torch.Tensor, memory: torch.Tensor, refs: torch.Tensor, shapes: Shapes) -> torch.Tensor:
-        """Every layer's normalised output, (L, B, Q, C); ``refs`` (B, Q, 4) boxes in [0, 1]."""
+    def forward(self, tgt: torch.Tensor, memory: torch.Tensor, refs: torch.Tensor, shapes: Shapes,
+                groups: int = 1) -> torch.Tensor:
+        """Every layer's normalised output, (L, B, Q, C); ``refs`` (B, Q, 4) boxes in [0, 1];
+        ``groups``: the queries are that many equal Group-DETR groups (training)."""
         query_pos = self.ref_point_head(sine_embedding(refs, self.d_model / 2))
         reference = refs[:, :, None]
         out = []
         for layer in self.layers:
-            tgt = layer(tgt, memory, query_pos, reference, shapes)
+            tgt = layer(tgt, memory, query_pos, reference, shapes, groups)
             out.append(self.norm(tgt))
         return torch.stack(out)
 
@@ -162,14 +174,22 @@ class LWTransformer(nn.Module):
 
     def encode(self, feats: list[torch.Tensor]) -> EncoderOutputs:
         """The memory and every cell's selection score, logits and box (step 1 and 2 before the top-k)."""
+        return self.encode_groups(feats, 1)[0]
+
+    def encode_groups(self, feats: list[torch.Tensor], groups: int) -> list[EncoderOutputs]:
+        """:meth:`encode` for the first ``groups`` encoder heads (one memory, one head each)."""
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
         memory = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)
         proposals, valid = self._proposals.get((tuple(shapes), str(memory.device), memory.dtype),
                                                lambda: make_proposals(shapes, memory.device, memory.dtype))
-        features = self.enc_output_norm[0](self.enc_output[0](torch.where(valid, memory, 0.0)))
-        logits = self.enc_out_class_embed[0](features)
-        boxes = reparam_boxes(self.enc_out_bbox_embed[0](features), proposals)
-        return EncoderOutputs(memory, shapes, features, logits, boxes)
+        masked = torch.where(valid, memory, 0.0)
+        out = []
+        for g in range(groups):
+            features = self.enc_output_norm[g](self.enc_output[g](masked))
+            logits = self.enc_out_class_embed[g](features)
+            boxes = reparam_boxes(self.enc_out_bbox_embed[g](features), proposals)
+            out.append(EncoderOutputs(memory, shapes, features, logits, boxes))
+        return out
 
     def select(self, enc: EncoderOutputs) -> torch.Tensor:
         """(B, K) indices of the cells that become queries, best first (K = num_queries, or every
@@ -177,13 +197,19 @@ class LWTransformer(nn.Module):
         k = min(self.cfg.num_queries, enc.memory.shape[1])
         return torch.topk(enc.logits.max(-1).values, k, dim=1).indices
 
+    @staticmethod
+    def gather(enc: EncoderOutputs, picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``picked`` (B, K) cells' encoder logits (B, K, classes) and boxes (B, K, 4)."""
+        boxes = enc.boxes.gather(1, picked.unsqueeze(-1).expand(-1, -1, 4))
+        logits = enc.logits.gather(1, picked.unsqueeze(-1).expand(-1, -1, enc.logits.shape[-1]))
+        return logits, boxes
+
     def decode(self, enc: EncoderOutputs, picked: torch.Tensor, refpoint_embed: torch.Tensor,
                query_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(decoder outputs (L, B, Q, C), references (B, Q, 4), the picked cells' encoder logits
         (B, K, classes) and boxes (B, K, 4))."""
         k = picked.shape[1]
-        boxes_ts = enc.boxes.gather(1, picked.unsqueeze(-1).expand(-1, -1, 4))
-        logits_ts = enc.logits.gather(1, picked.unsqueeze(-1).expand(-1, -1, enc.logits.shape[-1]))
+        logits_ts, boxes_ts = self.gather(enc, picked)
         b = enc.memory.shape[0]
         tgt = query_feat.unsqueeze(0).expand(b, -1, -1)
         refs = refpoint_embed.unsqueeze(0).expand(b, -1, -1)
@@ -211,9 +237,11 @@ class LWDETR(nn.Module):
     for every earlier decoder layer) and ``enc_outputs`` (the selected encoder candidates' logits
     and boxes), as RF-DETR's reference returns them in eval mode."""
 
-    def __init__(self, backbone: LWBackbone, cfg: LWConfig, classes: int, *, aux: bool = False) -> None:
+    def __init__(self, backbone: LWBackbone, cfg: LWConfig, classes: int, *, first_stride: int,
+                 aux: bool = False) -> None:
         super().__init__()
         self.cfg, self.aux = cfg, aux
+        self.first_stride = first_stride  # input pixels per cell of the first projected level
         self.backbone = nn.ModuleList([backbone])
         self.transformer = LWTransformer(cfg)
         self.class_embed = nn.Linear(cfg.hidden, classes)
@@ -245,3 +273,31 @@ class LWDETR(nn.Module):
             "aux_outputs": [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)],
             "enc_outputs": {"pred_logits": logits_ts, "pred_boxes": boxes_ts},
         }
+
+    def forward_train(self, feats: list[torch.Tensor]) -> dict:
+        """Group-DETR training outputs from the projected levels (``backbone.0``'s output): the dict
+        :class:`libreyolo.train.loss.detr.DetrLoss` reads (every decoder layer and the encoder
+        selection, each over ``group_detr`` groups of queries, ``query_groups`` saying how many;
+        no denoising). Each group selects its own top-k cells with its own encoder head and
+        starts from its own rows of ``query_feat`` and ``refpoint_embed``."""
+        cfg, b = self.cfg, int(feats[0].shape[0])
+        groups, q = cfg.group_detr, cfg.num_queries
+        rows = self.refpoint_embed.weight.unsqueeze(0).expand(b, -1, -1)
+        refs, enc_logits, enc_boxes = [], [], []
+        encs = self.transformer.encode_groups(feats, groups)
+        for g, enc in enumerate(encs):
+            logits_ts, boxes_ts = self.transformer.gather(enc, self.transformer.select(enc))
+            k, own = boxes_ts.shape[1], rows[:, g * q:(g + 1) * q]
+            refs.append(torch.cat([reparam_boxes(own[:, :k], boxes_ts.detach()), own[:, k:]], dim=1))
+            enc_logits.append(logits_ts)
+            enc_boxes.append(boxes_ts)
+        refs_all = torch.cat(refs, dim=1)
+        tgt = self.query_feat.weight.unsqueeze(0).expand(b, -1, -1)
+        hs = self.transformer.decoder(tgt, encs[0].memory, refs_all, encs[0].shapes, groups)
+        logits, boxes = self.class_embed(hs), reparam_boxes(self.bbox_embed(hs), refs_all)
+        last = feats[0]
+        image_size = (int(last.shape[2]) * self.first_stride, int(last.shape[3]) * self.first_stride)
+        out = pack_train_outputs(list(logits), list(boxes), torch.cat(enc_logits, 1), torch.cat(enc_boxes, 1), None,
+                                 image_size)
+        out["query_groups"] = groups
+        return out

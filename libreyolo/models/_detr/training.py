@@ -50,3 +50,14 @@ def train_decode(net: nn.Module, features: tuple[torch.Tensor, ...], targets: to
     image_size = (int(last.shape[2]) * LAST_STRIDE, int(last.shape[3]) * LAST_STRIDE)
     gt = split_targets(targets.to(last.device), int(last.shape[0]), image_size)
     return net.decoder.forward_train(list(features), gt, image_size)
+
+
+def lw_train_encode(net: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The LW-DETR line: images -> the ViT's projected levels (``backbone.0``), fixed shapes."""
+    return tuple(net.backbone[0](images))
+
+
+def lw_train_decode(net: nn.Module, features: tuple[torch.Tensor, ...], targets: torch.Tensor) -> dict:
+    """The LW-DETR line's Group-DETR decoder on the projected levels (``LWDETR.forward_train``); the
+    targets are only the loss's (no denoising queries)."""
+    return net.forward_train([_Seam.apply(f) for f in features])

@@ -42,8 +42,13 @@ def weighting_function(reg_max: int, up: torch.Tensor, reg_scale: torch.Tensor) 
 
 
 def distance2bbox(points: torch.Tensor, distance: torch.Tensor, reg_scale: torch.Tensor) -> torch.Tensor:
-    """Edge distances (in units of box size / reg_scale) around (cx, cy, w, h) points -> (cx, cy, w, h)."""
-    reg_scale = abs(reg_scale)
+    """Edge distances (in units of box size / reg_scale) around (cx, cy, w, h) points -> (cx, cy, w, h).
+
+    ``reg_scale`` is taken in the points' dtype: DEIMv2's n..x checkpoints hold it as an int64
+    parameter, which ``.half()`` leaves alone and ``0.5 * reg_scale`` turns into a float32 tensor
+    that would promote the boxes (and the next layer's sampling grid) to float32 under half weights.
+    In float32 the cast changes no value (4 -> 4.0 exactly, the same promotion the int64 got)."""
+    reg_scale = abs(reg_scale).to(points.dtype)
     x1 = points[..., 0] - (0.5 * reg_scale + distance[..., 0]) * (points[..., 2] / reg_scale)
     y1 = points[..., 1] - (0.5 * reg_scale + distance[..., 1]) * (points[..., 3] / reg_scale)
     x2 = points[..., 0] + (0.5 * reg_scale + distance[..., 2]) * (points[..., 2] / reg_scale)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from libreyolo.models._detr.family import LW_EXPORT, LWDetectFamily
-from libreyolo.models.lwdetr.network import COCO_HEAD, SIZES, LWDETRNet
+from libreyolo.models.lwdetr.network import COCO_HEAD, SIZES, LWDETRNet, head_width
 from libreyolo.models.lwdetr.vit import GRID, PATCH
 from libreyolo.models.registry import register_family
 from libreyolo.ops.topk import topk_postprocess_later
@@ -47,6 +47,8 @@ class LWDETRFamily(LWDetectFamily):
     export = replace(LW_EXPORT, class_axes={})  # 91 logits for 80 classes, nc otherwise
     resize_method = "pil-bilinear"
     SUPPORTS_CUDA_GRAPH = False  # not through the GPU parity harness yet
+    # the LW-DETR line's recipe, which RF-DETR inherited (the reference trains only RF-DETR)
+    training = "libreyolo.train.loss.detr:IaBceLoss"
 
     def build(self, size: str, nc: int) -> nn.Module:
         return LWDETRNet(size, nc)
@@ -64,6 +66,10 @@ class LWDETRFamily(LWDetectFamily):
         # as the reference: never more detections than queries (its num_select)
         return topk_postprocess_later(class_logits(logits), outputs["pred_boxes"], metas, conf=o.conf,
                                       max_det=min(o.max_det, int(logits.shape[1])), classes=o.classes)
+
+    def loss_kwargs(self, nc: int) -> dict[str, Any]:
+        # 80 classes: the 91-column COCO head, class i trained on column COCO80_IDS[i]
+        return {"head": head_width(nc), "columns": COCO80_IDS if nc == 80 else None}
 
     def filename(self, size: str) -> str:
         return f"LibreLWDETR{size}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from libreyolo.models._detr.lw import LWDETR, LWBackbone, LWConfig
-from libreyolo.models._detr.projector import MultiScaleProjector
-from libreyolo.models.lwdetr.vit import ViT
+from libreyolo.models._detr.projector import SCALE_OF_LEVEL, MultiScaleProjector
+from libreyolo.models.lwdetr.vit import PATCH, ViT
 
 COCO_HEAD = 91  # columns of the COCO-80 head: one per COCO category id 0..90
 
@@ -62,5 +62,6 @@ class LWDETRNet(LWDETR):
                        levels=len(s.levels), dec_layers=3, num_queries=s.num_queries, group_detr=13)
         encoder = ViT(s.vit_width, s.vit_heads, s.vit_depth, s.window_blocks, s.out_indices)
         projector = MultiScaleProjector([s.vit_width] * len(s.out_indices), s.hidden, s.levels)
-        super().__init__(LWBackbone(encoder, projector), cfg, head_width(nc))
+        super().__init__(LWBackbone(encoder, projector), cfg, head_width(nc),
+                         first_stride=round(PATCH / SCALE_OF_LEVEL[s.levels[0]]))
         self.size, self.nc = size, nc

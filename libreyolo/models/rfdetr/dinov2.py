@@ -25,6 +25,7 @@ from torch import nn
 
 from libreyolo.kernels.attention import attention
 from libreyolo.layers.mlp import Mlp
+from libreyolo.models._detr.anchors import ShapeCache
 
 NORM_EPS = 1e-6
 
@@ -75,9 +76,12 @@ class Embeddings(nn.Module):
         super().__init__()
         self.patch, self.windows, self.pe_size = patch, windows, pe_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.mask_token = nn.Parameter(torch.zeros(1, dim))  # masked pretraining only; kept for checkpoints
+        # masked pretraining only: kept for checkpoints, frozen (no forward reads it, and a trainable
+        # parameter without a gradient would stall DDP's gradient reduction)
+        self.mask_token = nn.Parameter(torch.zeros(1, dim), requires_grad=False)
         self.patch_embeddings = PatchEmbeddings(dim, patch)
         self.position_embeddings = nn.Parameter(torch.zeros(1, pe_size * pe_size + 1, dim))
+        self._weights = ShapeCache()  # resize weights per (h, w, device)
 
     def positions(self, h: int, w: int) -> torch.Tensor:
         """The position table for an ``h x w`` patch grid (1, 1 + h * w, C): the learned grid
@@ -87,8 +91,11 @@ class Embeddings(nn.Module):
         if h == w == self.pe_size:
             return table
         s, c = self.pe_size, table.shape[-1]
-        wy = torch.from_numpy(aa_bicubic_weights(s, h)).to(table.device, torch.float32)
-        wx = torch.from_numpy(aa_bicubic_weights(s, w)).to(table.device, torch.float32)
+        # the weight matrices are constants of the shape: built and copied to the device once per
+        # shape (a CUDA graph's warm-up does it before capture; no host copy inside a captured forward)
+        wy, wx = self._weights.get((h, w, str(table.device)), lambda: (
+            torch.from_numpy(aa_bicubic_weights(s, h)).to(table.device, torch.float32),
+            torch.from_numpy(aa_bicubic_weights(s, w)).to(table.device, torch.float32)))
         grid = table[0, 1:].float().reshape(s, s * c)
         rows = torch.matmul(wy, grid).reshape(h, s, c).transpose(0, 1).reshape(s, h * c)
         grid = torch.matmul(wx, rows).reshape(w, h, c).transpose(0, 1).reshape(1, h * w, c).to(table.dtype)

@@ -3,8 +3,8 @@
 Preprocessing as the reference: the image scaled to [0, 1], resized in float32 (bilinear, as
 ``cv2.resize`` on a float image) to the size's input, ImageNet mean/std. Postprocessing is the
 DETR line's top-k over every (query, column) pair of the ``nc + 1``-wide head (the reference
-keeps the extra column too). Export contract and shared behaviour:
-:class:`libreyolo.models._detr.family.LWDetectFamily`.
+keeps the extra column too). Export contract, training recipe (Group-DETR, IA-BCE, the reference's
+AdamW schedule and EMA) and shared behaviour: :class:`libreyolo.models._detr.family.LWDetectFamily`.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class RFDETRFamily(LWDetectFamily):
     export = replace(LW_EXPORT, class_axes={"pred_logits": (2, 1)})  # nc + 1 logits
     resize_method = "float-bilinear"
     SUPPORTS_CUDA_GRAPH = False  # not through the GPU parity harness yet
+    training = "libreyolo.train.loss.detr:IaBceLoss"  # Group-DETR, IA-BCE + L1 + GIoU
 
     def build(self, size: str, nc: int) -> nn.Module:
         return RFDETR(size, nc)
@@ -40,6 +41,9 @@ class RFDETRFamily(LWDetectFamily):
     def state_nc(self, state: dict[str, Any]) -> int | None:
         t = state.get(self.nc_key)
         return int(t.shape[0]) - 1 if isinstance(t, torch.Tensor) and t.ndim == 1 else None
+
+    def loss_kwargs(self, nc: int) -> dict[str, Any]:
+        return {"head": nc + 1}  # the nc + 1-column head: the last column is never a target (as the reference)
 
     def filename(self, size: str) -> str:
         return f"LibreRFDETR{size}"

@@ -55,7 +55,7 @@ class RFDETR(LWDETR):
         encoder = DinoV2Encoder(dim=VIT_WIDTH, depth=VIT_DEPTH, heads=VIT_HEADS, patch=PATCH, pe_size=s.pe_size,
                                 windows=WINDOWS, out_indices=OUT_INDICES)
         projector = MultiScaleProjector([VIT_WIDTH] * len(OUT_INDICES), cfg.hidden, ["P4"], layer_norm=True)
-        super().__init__(LWBackbone(encoder, projector), cfg, nc + 1, aux=True)
+        super().__init__(LWBackbone(encoder, projector), cfg, nc + 1, first_stride=PATCH, aux=True)  # P4
         self.size, self.nc = size, nc
         # the reference's keypoint-schema buffer: empty for detection, kept so state dicts match key for key
         self.register_buffer("_kp_active_mask", torch.zeros(0, 0, dtype=torch.bool))

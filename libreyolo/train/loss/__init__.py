@@ -39,7 +39,11 @@ def loss_for(family_name: str, task: str, nc: int, **hyp: Any) -> Callable[..., 
             f"training for family {family_name!r} (task {task!r}) is not available yet; "
             f"trainable now: {', '.join(trainable)}. Fine-tune one of those, or use this family for inference/export"
         )
-    return _build(_resolve(spec), nc, hyp)
+    from libreyolo.models.registry import families
+
+    family = families().get(family_name)
+    own = family.loss_kwargs(nc) if family is not None else {}
+    return _build(_resolve(spec), nc, hyp, own)
 
 
 def _declared_spec(family_name: str) -> str | None:
@@ -61,10 +65,13 @@ def _resolve(spec: str) -> Callable[..., Any]:
             from exc
 
 
-def _build(factory: Callable[..., Any], nc: int, hyp: dict[str, Any]) -> Callable[..., Any]:
+def _build(factory: Callable[..., Any], nc: int, hyp: dict[str, Any],
+           own: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """``factory(nc=nc, **accepted hyp, **own)``: ``own`` (the family's ``loss_kwargs``) is passed whole."""
     params = inspect.signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in hyp.items() if takes_any or k in params}
+    kwargs.update(own or {})
     ignored = sorted(set(hyp) - set(kwargs))
     if ignored:
         logger.debug("%s ignores hyperparameters %s", getattr(factory, "__name__", factory), ignored)

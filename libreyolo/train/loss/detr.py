@@ -1,4 +1,5 @@
-"""DETR training loss (RT-DETR, D-FINE): Hungarian matching, varifocal + L1 + GIoU terms.
+"""DETR training loss (RT-DETR, D-FINE; DEIM's MAL and the LW-DETR line's IA-BCE as other class
+terms): Hungarian matching, varifocal + L1 + GIoU terms.
 
 Called on the dict the families' ``train_decode`` returns (see
 :func:`libreyolo.models._detr.denoising.pack_train_outputs`). Every supervised head is scored:
@@ -35,8 +36,8 @@ import torch.nn.functional as F
 from libreyolo.errors import ArgumentError, LibreYOLOError
 from libreyolo.models._detr.denoising import GroundTruth, cxcywh_to_xyxy, split_targets
 
-__all__ = ["DetrLoss", "HungarianMatcher", "MalLoss", "bin_interpolation", "edge_distances", "generalized_box_iou",
-           "linear_assignment"]
+__all__ = ["DetrLoss", "HungarianMatcher", "IaBceLoss", "MalLoss", "bin_interpolation", "edge_distances",
+           "generalized_box_iou", "linear_assignment"]
 
 Match = list[tuple[torch.Tensor, torch.Tensor]]  # per image: (query indices, gt indices)
 
@@ -119,11 +120,13 @@ class HungarianMatcher:
         return torch.nan_to_num(cost, nan=1e8, posinf=1e8, neginf=-1e8)
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, boxes: torch.Tensor, gt: GroundTruth) -> Match:
+    def __call__(self, logits: torch.Tensor, boxes: torch.Tensor, gt: GroundTruth, groups: int = 1) -> Match:
         """(B, Q, nc) logits and (B, Q, 4) boxes against per-image ``gt`` -> per image (queries, gts).
 
         The costs of all images are computed in one (B * Q, total boxes) matrix and copied to the
-        host once; each image then solves its own (Q, n) block."""
+        host once; each image then solves its own (Q, n) block. With ``groups`` > 1 (Group-DETR)
+        the Q queries are that many equal groups, each matched one-to-one to the boxes on its own,
+        so every box has one query per group."""
         b, q = logits.shape[:2]
         counts = [len(labels) for labels, _ in gt]
         empty = torch.zeros(0, dtype=torch.long)
@@ -133,9 +136,11 @@ class HungarianMatcher:
         gt_boxes = torch.cat([box for _, box in gt]).to(boxes.device)
         cost = self.cost(logits.reshape(b * q, -1), boxes.reshape(b * q, 4), labels, gt_boxes)
         cost = cost.reshape(b, q, -1).cpu()
-        out, start = [], 0
+        out, start, size = [], 0, q // groups
         for i, n in enumerate(counts):
-            out.append(linear_assignment(cost[i, :, start:start + n]) if n else (empty, empty))
+            pairs = [linear_assignment(cost[i, g * size:(g + 1) * size, start:start + n]) for g in range(groups)] \
+                if n else [(empty, empty)]
+            out.append((torch.cat([r + g * size for g, (r, _) in enumerate(pairs)]), torch.cat([c for _, c in pairs])))
             start += n
         return out
 
@@ -153,6 +158,7 @@ class DetrLoss:
     def __init__(self, nc: int, *, vfl: float = 1.0, l1: float = 5.0, giou: float = 2.0, fgl: float = 0.15,
                  alpha: float = 0.75, gamma: float = 2.0, matcher: HungarianMatcher | None = None) -> None:
         self.nc = nc
+        self.columns: tuple[int, ...] | None = None  # class -> logit column, where they differ
         self.gains = (vfl, l1, giou, fgl)
         self.alpha, self.gamma = alpha, gamma
         self.matcher = matcher or HungarianMatcher()
@@ -178,18 +184,19 @@ class DetrLoss:
     def _loss(self, out: dict, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pred_logits, pred_boxes = out["pred_logits"].float(), out["pred_boxes"].float()
         b = pred_logits.shape[1]
-        gt = split_targets(targets, b, out["image_size"])
-        num_boxes = max(sum(len(lab) for lab, _ in gt), 1)
+        gt = self._columns(split_targets(targets, b, out["image_size"]))
+        groups_q = int(out.get("query_groups", 1))  # Group-DETR: every box is matched once per query group
+        num_boxes = max(sum(len(lab) for lab, _ in gt), 1) * groups_q
         fgl = "pred_corners" in out
         total = pred_logits.new_zeros(4)
         for i, (logits, boxes) in enumerate(zip(pred_logits, pred_boxes, strict=True)):
-            pairs = self._pairs(self.matcher(logits, boxes, gt), gt, logits.device)
+            pairs = self._pairs(self.matcher(logits, boxes, gt, groups_q), gt, logits.device)
             total = total + self._terms(logits, boxes, pairs, num_boxes)
             if fgl and (k := self._corner_index(out, "pred", i)) is not None:
                 total[3:] += self._fgl(out["pred_corners"][k], boxes, out["ref_initial"], pairs, out, num_boxes)
         enc_logits, enc_boxes = out["enc_logits"].float(), out["enc_boxes"].float()
-        total = total + self._terms(enc_logits, enc_boxes, self._pairs(self.matcher(enc_logits, enc_boxes, gt), gt,
-                                                                       enc_logits.device), num_boxes)
+        enc_match = self.matcher(enc_logits, enc_boxes, gt, groups_q)
+        total = total + self._terms(enc_logits, enc_boxes, self._pairs(enc_match, gt, enc_logits.device), num_boxes)
         groups = int(out["dn_groups"])
         if groups and out["dn_logits"].shape[2]:
             pairs = self._pairs(self._dn_match(gt, int(out["dn_group_size"]), groups), gt, pred_logits.device)
@@ -202,6 +209,14 @@ class DetrLoss:
         if not fgl:
             items = items[:3]
         return items.sum() * b, items.detach()
+
+    def _columns(self, gt: GroundTruth) -> GroundTruth:
+        """Ground truth with each class replaced by its logit column (the same unless the loss was
+        built with ``columns``, e.g. a COCO head with one column per category id)."""
+        if self.columns is None:
+            return gt
+        table = torch.as_tensor(self.columns, dtype=torch.long)
+        return [(table[labels.cpu()].to(labels.device), boxes) for labels, boxes in gt]
 
     @staticmethod
     def _corner_index(out: dict, prefix: str, head: int) -> int | None:
@@ -278,7 +293,7 @@ class DetrLoss:
 
     def _check(self, out: dict) -> None:
         need = ("pred_logits", "pred_boxes", "enc_logits", "enc_boxes", "dn_logits", "dn_boxes", "dn_groups",
-                "dn_group_size", "image_size")
+                "dn_group_size", "image_size")  # dn_* empty / 0 without denoising
         if not isinstance(out, dict) or any(k not in out for k in need):
             got = sorted(out) if isinstance(out, dict) else type(out).__name__
             raise ArgumentError(f"DetrLoss: expected the dict a DETR family's train_decode returns (keys {need}), "
@@ -303,3 +318,43 @@ class MalLoss(DetrLoss):
         p = torch.sigmoid(logits).detach()
         weight = torch.where(positive, torch.ones_like(p), p ** self.gamma)
         return F.binary_cross_entropy_with_logits(logits, target ** self.gamma, weight=weight, reduction="sum")
+
+
+class IaBceLoss(DetrLoss):
+    """The LW-DETR line's training loss (RF-DETR, LW-DETR): :class:`DetrLoss`'s matching and box
+    terms over Group-DETR query groups (``query_groups`` in the outputs: each group is matched to
+    the boxes on its own and the terms are normalised by ``boxes * groups``), every decoder layer
+    and the encoder selection, no denoising, with the IoU-aware BCE (IA-BCE) as the class term.
+
+    IA-BCE: a matched (query, class) is pulled to ``t = max(p ** alpha * IoU ** (1 - alpha), 0.01)``
+    (``p`` and the IoU detached) with weight 1; every other (query, class) is pushed to 0 with weight
+    ``p ** gamma``, where ``p`` keeps its gradient (as the reference's criterion computes it). alpha
+    0.25, gamma 2; gains class 1, L1 5, GIoU 2 (the reference's coefficients). Its first item is
+    ``ia_bce``.
+
+    Args:
+        nc: classes (targets are 0..nc-1).
+        head: logit columns of the network when wider than ``nc`` (RF-DETR: ``nc + 1``, the last
+            column is never a target and learns to stay low).
+        columns: class -> logit column where the head is laid out otherwise (LW-DETR's COCO head:
+            one column per COCO category id).
+    """
+
+    def __init__(self, nc: int, *, head: int | None = None, columns: tuple[int, ...] | None = None,
+                 cls: float = 1.0, l1: float = 5.0, giou: float = 2.0, alpha: float = 0.25, gamma: float = 2.0,
+                 matcher: HungarianMatcher | None = None) -> None:
+        width = nc if head is None else int(head)
+        if width < nc or (columns is not None and (len(columns) != nc or max(columns) >= width)):
+            raise ArgumentError(f"IaBceLoss: a {width}-column head cannot hold {nc} classes"
+                                + (f" at columns {columns}" if columns is not None else ""))
+        super().__init__(width, vfl=cls, l1=l1, giou=giou, fgl=0.0, alpha=alpha, gamma=gamma, matcher=matcher)
+        self.classes = nc
+        self.columns = tuple(columns) if columns is not None else None
+
+    def _class_term(self, logits: torch.Tensor, target: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+        p = torch.sigmoid(logits)
+        t = (p.detach() ** self.alpha * target ** (1 - self.alpha)).clamp(min=0.01)
+        pos_w = torch.where(positive, t, torch.zeros_like(t))
+        neg_w = torch.where(positive, 1 - t, p ** self.gamma)
+        # -pos_w * log(p) - neg_w * log(1 - p), with log(1 - p) = log(p) - x
+        return (neg_w * logits - F.logsigmoid(logits) * (pos_w + neg_w)).sum()
