@@ -35,11 +35,12 @@ import torch
 from libreyolo.errors import ArgumentError, require
 from libreyolo.export import metadata as folder_metadata
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.formats import get_format
 from libreyolo.export.metadata import folder_content_sha256  # noqa: F401 - the tests read it here
 from libreyolo.export.onnx import check_opset, export_onnx
 from libreyolo.runtimes.openvino import BIN, EXTRA, METADATA, XML  # noqa: F401 - the folder as its runtime reads it
 
-FOLDER_SUFFIX = "_openvino_model"
+FOLDER_SUFFIX = get_format("openvino").suffix
 # the compile configuration every artifact is validated with, and so run with (runtime_config)
 VALIDATED_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
 # NNCF: activations asymmetric per tensor (as quantize()'s affine int8), weights symmetric per channel
@@ -191,18 +192,8 @@ def default_precision_effect(path: Path, opts: ExportOptions, runtime: Any = Non
     return out
 
 
-class OpenVINOExporter(Exporter):
-    name = "openvino"
-    suffix = FOLDER_SUFFIX
-    runtime = "openvino"
-    extra = EXTRA
+class OpenVINOExporter(Exporter, format="openvino"):
     toolchain = ("openvino", "nncf", "onnx")
-    is_directory = True
-    dynamic_shapes = True
-    half = "any"           # fp16 weights in the IR, computed at the validated precision (f32)
-    embedded_nms = True
-    onnx_options = True    # opset/simplify apply to the ONNX graph the IR is converted from
-    int8_mode = "own"      # NNCF on the float IR, calibrated on the INT8 plan's images
 
     def check(self, opts: ExportOptions) -> None:
         _ov()
