@@ -8,19 +8,9 @@ import torch
 
 from libreyolo.checkpoint import _check_link, default_names, hub_download, read_checkpoint
 from libreyolo.errors import ArgumentError, CheckpointError
+from libreyolo.export.formats import artifact_runtime
 from libreyolo.models.registry import family_from_filename, get_family
 from libreyolo.utils.checks import check_imgsz, check_names, check_nc, check_str, parse_bool, resolve_device
-
-# artifact suffix -> runtime module under libreyolo.runtimes (filled by the export layer)
-ARTIFACT_SUFFIXES = {".onnx": "onnx", ".pte": "executorch", ".mlpackage": "coreml", ".engine": "tensorrt",
-                     ".pt2": "aoti", "_ncnn_model": "ncnn", ".tflite": "tflite", "_openvino_model": "openvino"}
-
-
-def artifact_runtime(path: str | Path) -> str | None:
-    """The runtime module of an artifact path, by how its name ends (a file suffix or a folder's
-    ``_<format>_model``), or None."""
-    name = Path(path).name.lower()
-    return next((rt for end, rt in ARTIFACT_SUFFIXES.items() if name.endswith(end)), None)
 
 
 def _from_yaml(path: Path, nc: Any, names: Any, device: Any):
@@ -100,8 +90,9 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
       (``LibreYOLO/<stem>``, needs ``pip install 'libreyolo[hub]'``), unless the package ships a
       checkpoint of that name (``"LibreYOLO9t-shapes.pt"``, the demo detector of coloured shapes).
     - ``"LibreYOLO9t.yaml"``: the untrained architecture (``nc``/``names`` set the classes).
-    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2" | "x_openvino_model/"``: an exported artifact
-      through its runtime.
+    - ``"x.onnx" | "x.pte" | "x.mlpackage" | "x.engine" | "x.pt2" | "x.tflite" | "x_ncnn_model/" |
+      "x_openvino_model/"``: an exported artifact through its runtime, chosen by how the name ends
+      (the format table, :mod:`libreyolo.export.formats`).
     - ``"grpc://host:8001/name"`` or ``"http://host:8000/name"``: a model served by Triton Inference Server
       (exported with ``format="triton"``; ``pip install 'libreyolo[triton]'``); a local Triton model folder
       (``<repository>/<name>``) runs the ``model.onnx`` it serves with ONNX Runtime.

@@ -11,6 +11,7 @@ from typing import Any
 
 from libreyolo.engine.options import BENCH_OPTIONS, COMPILE_OPTION, PREDICT_OPTIONS, VIDEO_OPTIONS
 from libreyolo.errors import LibreYOLOError
+from libreyolo.export.formats import FORMATS, artifact_endings, help_lines
 from libreyolo.export.options import EXPORT_OPTIONS
 from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, as_output_file, imgsz_opt
 from libreyolo.quant.options import QUANT_OPTIONS
@@ -179,8 +180,8 @@ def _formats(name: str, value: object) -> list[str] | None:
 
 BENCH_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or architecture (.yaml); an artifact gets one row of its own"),
-    "formats": Opt(_formats, None, "comma list of onnx, executorch, coreml, tensorrt, aoti, openvino; 'eager' for "
-                   "the eager rows only; unset: every format, those that cannot run here with a row saying why"),
+    "formats": Opt(_formats, None, f"comma list of {', '.join(FORMATS)}; 'eager' for the eager rows only; unset: "
+                   "every format, those that cannot run here with a row saying why"),
     "data": Opt(str, None, "the task's dataset (a YAML; an image-folder root for classify) for the metric column "
                 "(mAP50-95, top-1, mIoU)"),
     "floor": BENCH_OPTIONS["floor"],
@@ -268,8 +269,7 @@ def cmd_val(args: dict[str, Any]) -> int:
 
 COMPARE_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) the artifact should come from"),
-    "artifact": Opt(str, None, "exported file (.onnx, .pte, .pt2, .mlpackage, .engine, .tflite) or folder "
-                               "(_ncnn_model/, _openvino_model/)"),
+    "artifact": Opt(str, None, f"exported file or folder ({', '.join(artifact_endings())})"),
     "device": Opt(as_device, None, "cpu, cuda, cuda:N (default: the artifact's export device where it can run)"),
     "json": Opt(as_output_file, None, "also write the report as JSON to this path"),
     "data": Opt(str, None, "INT8 artifacts: the dataset the export calibrated on (rebuilds the quantized reference)"),
@@ -329,7 +329,8 @@ def cmd_quantize(args: dict[str, Any]) -> int:
 COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]] = {
     "predict": (cmd_predict, PREDICT_OPTS, "Detect objects or classify images, and save annotated copies."),
     "track": (cmd_track, TRACK_OPTS, "Track objects over the frames of a video, stream or webcam (detect models)."),
-    "export": (cmd_export, EXPORT_OPTS, "Export to ONNX, ExecuTorch, CoreML, TensorRT, AOTI or Triton, validated."),
+    "export": (cmd_export, EXPORT_OPTS, "Export to an artifact format, validated against eager (docs/formats.md)."
+               "\n\nformats:\n" + "\n".join(help_lines())),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "One row per format: size, validation, error, metric, speed."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
     "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM)."),
@@ -342,7 +343,7 @@ COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]]
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = "usage: libreyolo <command> [args]\n\ncommands:\n" + "\n".join(
-        f"  {name:<10} {summary}" for name, (_, _, summary) in COMMANDS.items())
+        f"  {name:<10} {summary.splitlines()[0]}" for name, (_, _, summary) in COMMANDS.items())
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(top)
         return 0

@@ -29,6 +29,14 @@ def test_readme_table_matches_the_registry(tables, name):
     assert have == tables.TABLES[name](), f"README's {name} table drifted: run python tools/readme_tables.py --write"
 
 
+@pytest.mark.parametrize("name", ["formats-detail"])
+def test_docs_table_matches_the_registry(tables, name):
+    """docs/formats.md's table is generated from the format table too."""
+    have = tables.current((ROOT / "docs" / "formats.md").read_text(), name)
+    assert have is not None, f"docs/formats.md lost its <!-- table:{name} --> markers"
+    assert have == tables.DOC_TABLES[name](), "docs/formats.md drifted: run python tools/readme_tables.py --write"
+
+
 def test_readme_lists_every_family_task_and_format(tables):
     from libreyolo.export.base import FORMATS
     from libreyolo.models.registry import families

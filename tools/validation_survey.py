@@ -33,6 +33,7 @@ def main() -> int:
 
     from libreyolo import __version__
     from libreyolo.export.compare import compare
+    from libreyolo.export.formats import FORMAT_TABLE
     from libreyolo.utils.tolerance import ELEMENT_MULTIPLE, FLOAT32_MULTIPLE
     from tests import mutations
 
@@ -51,7 +52,7 @@ def main() -> int:
     p.add_argument("--imgsz", type=int, default=None, help="with --checkpoints: export size (default: the model's)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    suffix = {"onnx": ".onnx", "executorch": ".pte", "aoti": ".pt2"}
+    suffix = {f.name: f.suffix for f in FORMAT_TABLE}  # the format table
     kw = {"device": args.device, **({"half": True} if args.half else {})}
     rows, start = [], time.time()
     with tempfile.TemporaryDirectory() as tmp:

@@ -39,10 +39,6 @@ from libreyolo.utils.tempfiles import TempGuard
 
 EAGER, CUDA_GRAPH = "eager", "cuda_graph"
 INT8_SUFFIX = "-int8"
-# exported (traced) and run on the CPU whatever the model's device
-CPU_ONLY = {"executorch", "coreml", "ncnn", "tflite", "openvino"}
-# runtimes that need more than their exporter checks for (an engine is built only where it runs)
-NEEDS = {"tensorrt": ("tensorrt", "needs tensorrt and an NVIDIA GPU")}
 
 
 def _metric_name(model: Any) -> str:
@@ -102,9 +98,11 @@ def why_not_here(model: Any, fmt: str, *, imgsz: int, batch: int, half: bool) ->
     from libreyolo.export.base import ExportOptions, get_exporter
 
     exporter = get_exporter(fmt)
-    device = torch.device("cpu") if fmt in CPU_ONLY else model.device
+    # traced_on_cpu: exported and run on the CPU whatever the model's device; build_needs: an artifact
+    # built only where it runs (a TensorRT engine) needs more than its exporter checks for
+    device = torch.device("cpu") if exporter.spec.traced_on_cpu else model.device
     opts = ExportOptions(fmt, imgsz, batch, half=half, device=device)
-    need = NEEDS.get(fmt)
+    need = exporter.spec.build_needs
     if need and (importlib.util.find_spec(need[0]) is None or not torch.cuda.is_available()):
         return need[1]
     reason = exporter.not_validated_reason(opts)
@@ -162,7 +160,7 @@ def _export_row(model: Any, fmt: str, folder: Path, frames: list[np.ndarray], *,
         half = False  # an INT8 artifact has no fp16 variant
     if half:
         opts["half"] = True
-    if fmt in CPU_ONLY and model.device.type != "cpu":
+    if get_exporter(fmt).spec.traced_on_cpu and model.device.type != "cpu":
         opts["device"] = "cpu"
     LOGGER.info("benchmark: exporting %s (imgsz %d, batch %d) to %s", label, imgsz, batch, output)
     start = time.perf_counter()

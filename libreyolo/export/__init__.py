@@ -1,4 +1,4 @@
-"""Export to ONNX, ExecuTorch, CoreML, TensorRT, AOTInductor and Triton, each artifact validated against eager.
+"""Export to every format of the format table (:mod:`libreyolo.export.formats`), each artifact validated against eager.
 
 ``export(model, "onnx", imgsz=320)`` or ``model.export(format="onnx")``; see
 :func:`libreyolo.export.driver.export` for the options and ``docs/export.md`` for each format.

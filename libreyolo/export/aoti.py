@@ -304,16 +304,8 @@ def _shape(t: Any, dynamic: set[int]) -> list[int | None]:
     return [None if i in dynamic else int(s) for i, s in enumerate(shape)]
 
 
-class AotiExporter(Exporter):
-    name = "aoti"
-    suffix = ".pt2"
-    runtime = "aoti"
-    extra = "torch"  # nothing beyond torch (plus a C++ compiler for CPU packages)
+class AotiExporter(Exporter, format="aoti"):
     toolchain = ()
-    dynamic_shapes = True
-    dynamic_spatial = False
-    half = "cuda"
-    autotune_option = True
 
     def check(self, opts: ExportOptions) -> None:
         if opts.device.type not in ("cpu", "cuda"):

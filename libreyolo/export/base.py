@@ -1,8 +1,8 @@
 """What an exporter declares, and the registry the driver picks it from.
 
 An exporter turns the traced :class:`~libreyolo.export.module.ExportModule` into one artifact
-file (or package folder) and stores metadata in it. It states its capabilities as class
-attributes, so the driver checks options once for every format.
+file (or package folder) and stores metadata in it. Its capabilities come from its row of the
+format table (:mod:`libreyolo.export.formats`), so the driver checks options once for every format.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from libreyolo.errors import ArgumentError, ExportError, LibreYOLOError  # noqa: F401 - ExportError: its old home
+from libreyolo.export.formats import FORMATS, Format, get_format  # noqa: F401 - FORMATS: read from here too
 
 
 class ValidationFailed(ExportError):
@@ -61,34 +62,55 @@ class ExportOptions:
                 **({"int8": True, "max_drop": self.max_drop} if self.int8 else {}), **self.format_options}
 
 
-class Exporter:
-    """Base class of one artifact format."""
+# Exporter attribute -> Format field: the capabilities an exporter exposes, filled from its row of
+# the format table (libreyolo.export.formats) and declared nowhere else
+_FROM_ROW = {"name": "name", "suffix": "suffix", "runtime": "runtime", "extra": "extra", "is_directory": "directory",
+             "dynamic_shapes": "dynamic_batch", "batch_axis_dynamic": "batch_axis_dynamic",
+             "dynamic_spatial": "dynamic_spatial", "half": "half", "embedded_nms": "embedded_nms",
+             "int8_mode": "int8", "format_options": "option_names", "benchmarked": "benchmarked",
+             "max_tensor_rank": "max_tensor_rank", "rank_limit": "rank_limit"}
 
+
+class Exporter:
+    """Base class of one artifact format: ``class OnnxExporter(Exporter, format="onnx")``.
+
+    What the format *is* (suffix, runtime, extra, capabilities, its own options) comes from its row of
+    :data:`libreyolo.export.formats.FORMAT_TABLE` and is exposed as class attributes (``name``,
+    ``suffix``, ``runtime``, ``extra``, ``is_directory``, ``dynamic_shapes``, ``batch_axis_dynamic``,
+    ``dynamic_spatial``, ``half``, ``embedded_nms``, ``int8_mode``, ``format_options``, ``benchmarked``,
+    ``max_tensor_rank``, ``rank_limit``); the subclass says how to build, stamp and inspect it.
+    """
+
+    spec: ClassVar[Format]
     name: ClassVar[str]
     suffix: ClassVar[str]
-    runtime: ClassVar[str]           # module under libreyolo.runtimes that runs the artifact
-    extra: ClassVar[str]             # pip extra that brings the toolchain
+    runtime: ClassVar[str]
+    extra: ClassVar[str]
+    is_directory: ClassVar[bool]
+    dynamic_shapes: ClassVar[bool]
+    batch_axis_dynamic: ClassVar[bool]
+    dynamic_spatial: ClassVar[bool]
+    half: ClassVar[str]
+    embedded_nms: ClassVar[bool]
+    int8_mode: ClassVar[str]
+    format_options: ClassVar[tuple[str, ...]]
+    benchmarked: ClassVar[bool]
+    max_tensor_rank: ClassVar[int | None]
+    rank_limit: ClassVar[str]
     toolchain: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the metadata
-    is_directory: ClassVar[bool] = False
-    dynamic_shapes: ClassVar[bool] = False   # can the artifact take a dynamic batch size
-    batch_axis_dynamic: ClassVar[bool] = False  # the batch axis is dynamic whatever `dynamic` says
-    dynamic_spatial: ClassVar[bool] = True   # ... and a dynamic height/width, where the family allows it
-    half: ClassVar[str] = "no"               # "no", "cuda" (fp16 export needs a CUDA device) or "any"
-    embedded_nms: ClassVar[bool] = False
-    onnx_options: ClassVar[bool] = False     # does opset/simplify apply
-    workspace_option: ClassVar[bool] = False
-    autotune_option: ClassVar[bool] = False  # does autotune apply
-    # INT8: "no"; "qdq": the graph of quantize()'s simulated layers (libreyolo.quant.qdq) is exported;
-    # "own": the float graph is exported and the format's toolchain quantizes it from the calibration data
-    int8_mode: ClassVar[str] = "no"
-    # options of this format alone (libreyolo.export.options.FORMAT_OPTIONS), in opts.format_options
-    format_options: ClassVar[tuple[str, ...]] = ()
-    # part of `libreyolo benchmark`'s default formats (False: it runs the same file as another row)
-    benchmarked: ClassVar[bool] = True
-    # the largest tensor rank (batch included) the format's converter maps, None: no limit; families
-    # whose ExportContract.tensor_rank exceeds it are refused with ``rank_limit`` as the reason
-    max_tensor_rank: ClassVar[int | None] = None
-    rank_limit: ClassVar[str] = ""
+
+    def __init_subclass__(cls, format: str | None = None, **kwargs: Any) -> None:  # noqa: A002
+        super().__init_subclass__(**kwargs)
+        if format is None:
+            return
+        redeclared = sorted(set(_FROM_ROW) & set(vars(cls)))
+        if redeclared:
+            raise TypeError(f"{cls.__name__} declares {', '.join(redeclared)}: a format's capabilities are declared "
+                            f"once, in its row of libreyolo/export/formats.py ({format!r}); change them there")
+        row = get_format(format)
+        cls.spec = row
+        for attr, field_name in _FROM_ROW.items():
+            setattr(cls, attr, getattr(row, field_name))
 
     def check(self, opts: ExportOptions) -> None:
         """Format-specific argument checks, before anything is built."""
@@ -192,19 +214,7 @@ def default_output(model: Any, exporter: Exporter, output: Any, name: Any) -> Pa
     return path
 
 
-_MODULES = {"onnx": "onnx", "executorch": "executorch", "coreml": "coreml", "tensorrt": "tensorrt", "aoti": "aoti",
-            "triton": "triton", "ncnn": "ncnn", "tflite": "tflite", "openvino": "openvino"}
-_ALIASES = {"pte": "executorch", "mlpackage": "coreml", "engine": "tensorrt", "trt": "tensorrt", "pt2": "aoti",
-            "aotinductor": "aoti", "litert": "tflite", "ov": "openvino"}
-FORMATS = tuple(_MODULES)
-
-
 def get_exporter(fmt: Any) -> Exporter:
-    """The exporter for a format name (``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti``, ``triton``,
-    ``openvino``)."""
-    key = str(fmt).lower().lstrip(".") if isinstance(fmt, str) else None
-    key = _ALIASES.get(key, key)
-    if key not in _MODULES:
-        raise ArgumentError(f"unknown export format {fmt!r}; choose one of: {', '.join(FORMATS)}")
-    module = importlib.import_module(f"libreyolo.export.{_MODULES[key]}")
+    """The exporter of a format name, alias or suffix (:data:`~libreyolo.export.formats.FORMATS`)."""
+    module = importlib.import_module(f"libreyolo.export.{get_format(fmt).exporter}")
     return module.EXPORTER

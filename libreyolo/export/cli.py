@@ -7,7 +7,7 @@ dict of options (unknown keys are an error):
 option                        default    meaning
 ============================  =========  ==================================================
 ``model``                     required   checkpoint (``LibreYOLO9t.pt``), ``*.yaml`` or Hub name
-``format``                    ``onnx``   onnx, executorch, coreml, tensorrt, aoti, triton, openvino
+``format``                    ``onnx``   a format of :mod:`libreyolo.export.formats` (or an alias)
 ``imgsz``                     model's    input size, a multiple of the stride (32)
 ``batch``                     ``1``      batch size (``tensorrt`` + ``dynamic``: the largest)
 ``dynamic``                   ``False``  dynamic batch (and height/width for ONNX)

@@ -28,9 +28,10 @@ import torch
 
 from libreyolo.errors import ArgumentError, require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.formats import get_format
 from libreyolo.utils.tempfiles import replace_folder
 
-EXTRA = "coreml"
+EXTRA = get_format("coreml").extra
 NOT_ON_THIS_OS = "CoreML runs only on macOS"
 INT8_OPS = ("conv", "conv_transpose", "linear")  # the ops whose constant weights int8=True quantizes
 INT8_SCHEME = "8-bit linear symmetric per-channel weights (coremltools), float activations"
@@ -76,15 +77,8 @@ def quantize_weights(mlmodel: Any) -> Any:
     return linear_quantize_weights(mlmodel, config=config)
 
 
-class CoreMLExporter(Exporter):
-    name = "coreml"
-    suffix = ".mlpackage"
-    runtime = "coreml"
-    extra = EXTRA
+class CoreMLExporter(Exporter, format="coreml"):
     toolchain = ("coremltools",)
-    is_directory = True
-    half = "any"  # fp16 is a conversion option (compute precision), no GPU needed
-    int8_mode = "own"  # int8=True: 8-bit weights by coremltools, float activations
 
     def check(self, opts: ExportOptions) -> None:
         _ct()

@@ -6,6 +6,7 @@ graph looks like, the format's :class:`Exporter` says how to write it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ from libreyolo.export.base import (
     default_output,  # noqa: F401 - exporters of other formats import it from here
     get_exporter,
 )
+from libreyolo.export.formats import SCOPED_OPTIONS, foreign_options, int8_formats
 from libreyolo.export.metadata import (
     METADATA_VERSION,
     sha256_file,
@@ -33,32 +35,25 @@ from libreyolo.export.metadata import (
 )
 from libreyolo.export.module import ExportModule
 from libreyolo.export.nms import DEFAULTS as NMS_DEFAULTS
+from libreyolo.export.options import EXPORT_OPTIONS, check_export_options
 from libreyolo.export.report import ExportReport, ValidationReport
-from libreyolo.utils.checks import check_batch, nonfinite_keys, parse_bool, resolve_device
+from libreyolo.utils.checks import check_batch, nonfinite_keys, resolve_device
 from libreyolo.utils.log import LOGGER, want_info
 from libreyolo.utils.tempfiles import TempGuard, recover_folder, replace_folder
 
 
-def _flag(name: str, value: Any) -> bool:
-    return parse_bool(name, value)
-
-
-def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic: Any, half: Any, opset: Any,
-             simplify: Any, nms: Any, device: Any, workspace: Any, validate: Any,
-             require_validation: Any, autotune: Any = False, int8: Any = False, data: Any = None,
-             max_drop: Any = None, format_options: dict[str, Any] | None = None) -> ExportOptions:
-    from libreyolo.export.options import FORMAT_OPTIONS
-
+def _options(model: Any, exporter: Exporter, checked: dict[str, Any]) -> ExportOptions:
+    """The export options of ``model`` for ``exporter`` from the table-checked values (``checked``:
+    :func:`libreyolo.export.options.check_export_options`); every refusal comes from a declared
+    capability of the format's row or of the family's export contract, never from a format's name."""
     fmt = exporter.name
-    format_options = {k: v for k, v in (format_options or {}).items() if v is not None}
-    foreign = sorted(k for k in format_options if k not in exporter.format_options)
+    passed = {k: checked[k] for k in SCOPED_OPTIONS if checked[k] != EXPORT_OPTIONS[k].default}
+    foreign = foreign_options(exporter.spec, passed)
     if foreign:
-        raise ArgumentError(f"{', '.join(foreign)} {'applies' if len(foreign) == 1 else 'apply'} only to "
-                            f"format={FORMAT_OPTIONS[foreign[0]]}, not format={fmt}")
-    imgsz = model.family.check_imgsz(model.imgsz if imgsz is None else imgsz)
-    batch = check_batch(batch, "", ArgumentError)
-    dynamic, half, simplify = _flag("dynamic", dynamic), _flag("half", half), _flag("simplify", simplify)
-    validate, require_validation = _flag("validate", validate), _flag("require_validation", require_validation)
+        raise ArgumentError(foreign)
+    imgsz = model.family.check_imgsz(model.imgsz if checked["imgsz"] is None else checked["imgsz"])
+    batch = check_batch(checked["batch"], "", ArgumentError)
+    dynamic, half, nms, device = checked["dynamic"], checked["half"], checked["nms"], checked["device"]
     contract = model.family.export
     if dynamic and not exporter.dynamic_shapes:
         raise ArgumentError(f"dynamic=True is not possible for format={fmt}: its artifacts have static shapes; "
@@ -68,17 +63,7 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
     if exporter.batch_axis_dynamic and not contract.dynamic_batch:
         raise ArgumentError(f"format={fmt} needs a dynamic batch axis (its server batches requests along it), but "
                             f"family {model.family.name} declares static shapes; export format=onnx instead")
-    if not exporter.onnx_options and (opset is not None or simplify):
-        raise ArgumentError(f"opset/simplify apply to ONNX-based formats, not format={fmt}")
     exporter.check_family(model.family)
-    autotune = _flag("autotune", autotune)
-    if autotune and not exporter.autotune_option:
-        raise ArgumentError(f"autotune applies only to format=aoti (on CUDA), not format={fmt}")
-    if workspace is not None and not exporter.workspace_option:
-        raise ArgumentError(f"workspace applies only to format=tensorrt, not format={fmt}")
-    if workspace is not None and (isinstance(workspace, bool) or not isinstance(workspace, (int, float))
-                                  or workspace <= 0):
-        raise ArgumentError(f"workspace must be a positive number of GiB, got {workspace!r}")
     nms_params = None
     if nms is not None and nms is not False:
         if contract.nms_free is not None:
@@ -98,14 +83,15 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
         elif nms is not True:
             raise ArgumentError(f"nms must be True, False or a dict of {sorted(NMS_DEFAULTS)}, got {nms!r}")
     dev = resolve_device(device) if device is not None else model.device
-    int8 = _flag("int8", int8) or model.is_quantized  # a quantized model's artifact is its INT8 one
+    data, max_drop = checked["data"], checked["max_drop"]
+    int8 = checked["int8"] or model.is_quantized  # a quantized model's artifact is its INT8 one
     if not int8 and (data is not None or max_drop is not None):
         raise ArgumentError("data= and max_drop= apply to INT8 exports only; pass int8=True (or drop them)")
     if int8:
         why = "the model is quantized (model.quantize()), so its artifact is INT8; " if model.is_quantized else ""
         if exporter.int8_mode == "no":
-            raise ArgumentError(f"{why}int8=True is not supported for format={fmt}; INT8 artifacts: onnx, "
-                                "executorch, coreml, tensorrt" + ("; or export the float model: "
+            raise ArgumentError(f"{why}int8=True is not supported for format={fmt}; INT8 artifacts: "
+                                f"{', '.join(int8_formats())}" + ("; or export the float model: "
                                                                   "model.dequantize().export(...)" if why else ""))
         if half:
             raise ArgumentError(f"{why}int8=True and half=True exclude each other; pass one of them")
@@ -118,12 +104,17 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
     if half and exporter.half == "cuda" and dev.type != "cuda":
         raise ArgumentError(f"half=True for format={fmt} needs a CUDA device to trace in float16 "
                             f"(device is {dev}); pass device=cuda:0 or export in float32")
-    opts = ExportOptions(fmt, imgsz, batch, dynamic, half, opset, simplify, nms_params, dev, workspace,
-                         validate, require_validation,
+    # the format's own options: fields of ExportOptions, the others (Triton's config) in format_options
+    fields = {f.name for f in dataclasses.fields(ExportOptions)}
+    own = {k: v for k, v in checked.items() if k in exporter.format_options}
+    opts = ExportOptions(fmt, imgsz, batch, dynamic, half, nms=nms_params, device=dev,
+                         validate=checked["validate"], require_validation=checked["require_validation"],
                          dynamic_spatial=dynamic and contract.dynamic_spatial and exporter.dynamic_spatial,
-                         device_explicit=device is not None, autotune=autotune, int8=int8,
+                         device_explicit=device is not None, int8=int8,
                          data=None if data is None else str(data),
-                         max_drop=0.02 if max_drop is None else float(max_drop), format_options=format_options)
+                         max_drop=0.02 if max_drop is None else float(max_drop),
+                         format_options={k: v for k, v in own.items() if k not in fields and v is not None},
+                         **{k: v for k, v in own.items() if k in fields})
     exporter.check(opts)
     return opts
 
@@ -214,19 +205,13 @@ def int8_checks(exporter: Exporter, built: Path, opts: ExportOptions, report: Va
     return result
 
 
-def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch: int = 1,  # noqa: A002
-           dynamic: bool = False, half: bool = False, opset: int | None = None, simplify: bool = False,
-           nms: bool | dict[str, Any] = False, device: str | torch.device | None = None,
-           output: str | Path | None = None, name: str | None = None, workspace: float | None = None,
-           validate: bool = True, require_validation: bool = False, verbose: bool = True,
-           autotune: bool = False, int8: bool = False, data: str | Path | None = None,
-           max_drop: float | None = None, max_batch: int | None = None,
-           preferred_batch: int | list[int] | str | None = None, queue_delay_us: int | None = None,
-           instances: int | None = None) -> ExportReport:
+def export(model: Any, format: str = "onnx", **options: Any) -> ExportReport:  # noqa: A002
     """Export an eager model to an artifact, validate it against eager, and install it atomically.
 
-    ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti`` (AOTInductor ``.pt2``;
-    ``autotune=True`` tunes its CUDA kernels) or ``openvino`` (an IR folder ``<stem>_openvino_model``).
+    ``format``: a format of the format table (:mod:`libreyolo.export.formats`, ``docs/formats.md``) or
+    an alias. ``options``: those of :data:`libreyolo.export.options.EXPORT_OPTIONS`, each checked by its
+    declaration (an unknown name is an :class:`~libreyolo.errors.ArgumentError`); a format-scoped one
+    (``opset``, ``workspace``, ``autotune``, Triton's config) is refused by formats whose row lacks it.
     ``imgsz`` defaults to the model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``,
     ``max_det``) embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
     on data's train split), validated against the quantized eager model and refused when its
@@ -239,24 +224,11 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     :class:`~libreyolo.errors.ArgumentError` for bad options and :class:`ExportError` when the
     toolchain fails or the artifact does not match eager; nothing is left at the output path then.
     """
-    from libreyolo.export.options import EXPORT_OPTIONS, FORMAT_OPTIONS
-
-    given = {"format": format, "imgsz": imgsz, "batch": batch, "dynamic": dynamic, "half": half, "opset": opset,
-             "simplify": simplify, "nms": nms, "device": device, "output": output, "name": name,
-             "workspace": workspace, "validate": validate, "require_validation": require_validation,
-             "verbose": verbose, "autotune": autotune, "int8": int8, "data": data, "max_drop": max_drop,
-             "max_batch": max_batch, "preferred_batch": preferred_batch, "queue_delay_us": queue_delay_us,
-             "instances": instances}
-    checked = {k: EXPORT_OPTIONS[k].check(k, v) for k, v in given.items()}  # the table every entry point uses
-    imgsz, batch, opset, workspace, verbose = (checked[k] for k in ("imgsz", "batch", "opset", "workspace",
-                                                                   "verbose"))
+    checked = check_export_options({"format": format, **options})  # the table every entry point uses
     exporter = get_exporter(checked["format"])
-    opts = _options(model, exporter, imgsz=imgsz, batch=batch, dynamic=dynamic, half=half, opset=opset,
-                    simplify=simplify, nms=nms, device=device, workspace=workspace, validate=validate,
-                    require_validation=require_validation, autotune=autotune, int8=checked["int8"],
-                    data=checked["data"], max_drop=checked["max_drop"],
-                    format_options={k: checked[k] for k in FORMAT_OPTIONS})
-    final = exporter.resolve_output(model, output, name)
+    opts = _options(model, exporter, checked)
+    verbose = checked["verbose"]
+    final = exporter.resolve_output(model, checked["output"], checked["name"])
     if exporter.is_directory:  # a swap a hard kill interrupted is finished first (the old folder back)
         recover_folder(final, exporter.work_parent(final))
     if opts.int8:

@@ -14,9 +14,10 @@ import torch
 
 from libreyolo.errors import require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.formats import get_format
 from libreyolo.export.metadata import sidecar_path, write_sidecar
 
-EXTRA = "executorch"
+EXTRA = get_format("executorch").extra
 
 
 def fold_batchnorm(module: torch.nn.Module) -> int:
@@ -124,13 +125,8 @@ def pte_ops(path: str | Path) -> set[str]:
     return found
 
 
-class ExecuTorchExporter(Exporter):
-    name = "executorch"
-    suffix = ".pte"
-    runtime = "executorch"
-    extra = EXTRA
+class ExecuTorchExporter(Exporter, format="executorch"):
     toolchain = ("executorch",)
-    int8_mode = "own"  # PT2E + XNNPACKQuantizer, calibrated on the INT8 plan's images
 
     def check(self, opts: ExportOptions) -> None:
         require("executorch.exir", EXTRA, "ExecuTorch export")

@@ -26,6 +26,7 @@ import torch
 
 from libreyolo.errors import ArgumentError, DatasetError
 from libreyolo.export.base import ExportError
+from libreyolo.tasks import get_task
 
 GATE_BATCH = 8
 
@@ -88,6 +89,9 @@ def plan(model: Any, data: str, imgsz: int | None = None) -> Int8Plan:
     runs at the exported input size; a model quantized by the user keeps its own scales)."""
     from libreyolo.quant.calibrate import calibration_images
 
+    why = get_task(model.family.task).int8_unavailable  # the task's declaration
+    if why is not None:
+        raise ArgumentError(f"int8=True is not available for {model.family.task} models ({why}); export in float32")
     float_model = _sibling(model)
     quantized = _sibling(model)
     if imgsz is not None:
@@ -98,9 +102,6 @@ def plan(model: Any, data: str, imgsz: int | None = None) -> Int8Plan:
         files, origin = calibration_images(data)
         files = files[:max(1, int(entry["samples"] or 1))]
         return Int8Plan(quantized, float_model, files, f"{origin} (the model was quantized by quantize())", False)
-    if model.family.task == "restore":
-        raise ArgumentError("int8=True is not available for restoration models (their pixel outputs need float); "
-                            "export in float32")
     files, origin = calibration_images(data)
     quantized.quantize(recipe="int8", data=data)
     return Int8Plan(quantized, float_model, files[:quantized.quant_info()["samples"]], origin, True)
@@ -109,7 +110,7 @@ def plan(model: Any, data: str, imgsz: int | None = None) -> Int8Plan:
 def float_distance(plan_: Int8Plan, runtime: Any, imgsz: int) -> dict[str, Any]:
     """How far the artifact is from the *float* model on the sample image: per output, the largest
     absolute difference, the float output's largest magnitude and the cosine."""
-    from libreyolo.export.checks import cosine
+    from libreyolo.compare.groups import cosine
     from libreyolo.export.validate import sample_batch
 
     model = plan_.float_model

@@ -18,9 +18,10 @@ import torch
 
 from libreyolo.errors import ArgumentError, require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.formats import get_format
 from libreyolo.export.metadata import folder_content_sha256, write_folder_metadata
 
-EXTRA = "ncnn"
+EXTRA = get_format("ncnn").extra
 PARAM, BIN = "model.ncnn.param", "model.ncnn.bin"
 PNNX_TIMEOUT_S = 900
 
@@ -64,21 +65,8 @@ def run_pnnx(traced: Path, example: torch.Tensor, out: Path, work: Path) -> None
         raise ExportError(f"pnnx could not map every operator to NCNN: {'; '.join(problems[:4])}")
 
 
-class NcnnExporter(Exporter):
-    name = "ncnn"
-    suffix = "_ncnn_model"
-    runtime = "ncnn"
-    extra = EXTRA
+class NcnnExporter(Exporter, format="ncnn"):
     toolchain = ("pnnx", "ncnn")
-    is_directory = True
-    # NCNN's Mat holds at most 4 axes; pnnx maps a batch-1 tensor to it by dropping the batch axis, so
-    # rank 5 works only while the batch axis stays first. Measured with pnnx 20261020: ViT's q/k/v split
-    # (rank 5, permuted batch) is dropped ("ignore Tensor.reshape ... shape=(3,1,3,197,64)") and the
-    # param file does not load; RT-DETR's deformable sampling fails ("binaryop tensor0 with rank 6 is
-    # not supported yet", "reshape: target exceeds ncnn physical rank")
-    max_tensor_rank = 4
-    rank_limit = ("NCNN tensors hold at most 4 axes with the batch axis (pnnx cannot map q/k/v splits, window "
-                  "partitions or deformable sampling grids)")
 
     def check(self, opts: ExportOptions) -> None:
         require("pnnx", EXTRA, "NCNN export")

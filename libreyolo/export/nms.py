@@ -100,8 +100,10 @@ class EmbeddedNmsDecoder:
     def __init__(self, params: dict[str, Any]) -> None:
         self.params = dict(params)
 
-    def __call__(self, outputs: dict[str, torch.Tensor], metas: Sequence[LetterboxMeta], *, conf: float,
-                 iou: float, max_det: int, classes: Sequence[int] | None = None) -> list[dict[str, torch.Tensor]]:
+    def __call__(self, outputs: dict[str, torch.Tensor], metas: Sequence[LetterboxMeta],
+                 opts: Any) -> list[dict[str, torch.Tensor]]:
+        """Per-image results at the detect task's options ``opts`` (``conf``, ``iou``, ``max_det``, ``classes``)."""
+        conf, iou, max_det, classes = opts.conf, opts.iou, opts.max_det, opts.get("classes")
         baked_iou, floor = float(self.params["iou"]), float(self.params["conf"])
         if abs(iou - baked_iou) > 1e-9:
             raise ArgumentError(

@@ -65,17 +65,8 @@ def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, opts
     onnx.save(model, str(path))
 
 
-class OnnxExporter(Exporter):
-    name = "onnx"
-    suffix = ".onnx"
-    runtime = "onnx"
-    extra = "onnx"
+class OnnxExporter(Exporter, format="onnx"):
     toolchain = ("onnx", "onnxruntime", "onnxslim")
-    dynamic_shapes = True
-    half = "cuda"
-    embedded_nms = True
-    onnx_options = True
-    int8_mode = "qdq"
 
     def check(self, opts: ExportOptions) -> None:
         require("onnx", "onnx", "ONNX export")

@@ -35,11 +35,12 @@ import torch
 from libreyolo.errors import ArgumentError, require
 from libreyolo.export import metadata as folder_metadata
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.formats import get_format
 from libreyolo.export.metadata import folder_content_sha256  # noqa: F401 - the tests read it here
 from libreyolo.export.onnx import check_opset, export_onnx
 from libreyolo.runtimes.openvino import BIN, EXTRA, METADATA, XML  # noqa: F401 - the folder as its runtime reads it
 
-FOLDER_SUFFIX = "_openvino_model"
+FOLDER_SUFFIX = get_format("openvino").suffix
 # the compile configuration every artifact is validated with, and so run with (runtime_config)
 VALIDATED_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
 # NNCF: activations asymmetric per tensor (as quantize()'s affine int8), weights symmetric per channel
@@ -139,7 +140,7 @@ def default_precision_effect(path: Path, opts: ExportOptions, runtime: Any = Non
     (absolute and relative to the output's largest magnitude), the task matcher's comparison of
     the decoded predictions (detections matched at IoU 0.5: how many survive and how far boxes
     move) and a one-line summary."""
-    from libreyolo.export.validate import VALIDATION_CONF, probe_images, sample_batch
+    from libreyolo.export.validate import probe_images, sample_batch
     from libreyolo.ops.letterbox import LetterboxMeta
     from libreyolo.runtimes.openvino import load
     from libreyolo.tasks import get_task
@@ -153,8 +154,7 @@ def default_precision_effect(path: Path, opts: ExportOptions, runtime: Any = Non
         return out
     family = validated.family
     task = get_task(family.task)
-    vopts = task.predict_options({k: v for k, v in {"conf": VALIDATION_CONF, "iou": 0.45, "max_det": 300}.items()
-                                  if k in task.options})
+    vopts = task.export_validation_options(None)
     sample, metas = sample_batch(family, opts.imgsz)
     inputs = {"sample": (sample, metas), **{k: (v, [LetterboxMeta((opts.imgsz, opts.imgsz), 1.0, (0.0, 0.0))])
                                             for k, v in probe_images(opts.imgsz).items()}}
@@ -172,8 +172,7 @@ def default_precision_effect(path: Path, opts: ExportOptions, runtime: Any = Non
             entry["max_abs"], entry["relative"] = max(entry["max_abs"], diff), max(entry["relative"], diff / scale)
         ref_dec = family.postprocess(a, m, vopts)[0]
         got_dec = family.postprocess(b, m, vopts)[0]
-        result = matcher(ref_dec, got_dec, score_tol=1e-6, conf=vopts.get("conf"), max_det=vopts.get("max_det"),
-                         iou_min=0.5, nms_iou=vopts.get("iou"))
+        result = matcher(ref_dec, got_dec, score_tol=1e-6, **task.match_options(vopts), iou_min=0.5)
         decoded.append({"probe": name, **{k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}})
     out["raw"], out["decoded"] = raw, decoded
     rawline = ", ".join(f"{k} up to {v['max_abs']:.3g} ({100 * v['relative']:.2g}% of its largest value)"
@@ -191,18 +190,8 @@ def default_precision_effect(path: Path, opts: ExportOptions, runtime: Any = Non
     return out
 
 
-class OpenVINOExporter(Exporter):
-    name = "openvino"
-    suffix = FOLDER_SUFFIX
-    runtime = "openvino"
-    extra = EXTRA
+class OpenVINOExporter(Exporter, format="openvino"):
     toolchain = ("openvino", "nncf", "onnx")
-    is_directory = True
-    dynamic_shapes = True
-    half = "any"           # fp16 weights in the IR, computed at the validated precision (f32)
-    embedded_nms = True
-    onnx_options = True    # opset/simplify apply to the ONNX graph the IR is converted from
-    int8_mode = "own"      # NNCF on the float IR, calibrated on the INT8 plan's images
 
     def check(self, opts: ExportOptions) -> None:
         _ov()

@@ -1,13 +1,16 @@
 """The options of ``export()`` / ``libreyolo export``, declared once (see :mod:`libreyolo.options`).
 
-Format-specific refinements stay with each exporter (``Exporter.check``: e.g. whether a format
-can be dynamic), but every value is first checked here, before any model is loaded.
+Which formats take which options, and what each format can do, is declared in the format table
+(:mod:`libreyolo.export.formats`); format-specific refinements stay with each exporter
+(``Exporter.check``), but every value is first checked here, before any model is loaded.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from libreyolo.errors import ArgumentError
+from libreyolo.export.formats import FORMATS, SCOPED_OPTIONS, format_name
 from libreyolo.options import Opt, as_bool, as_device, as_ids, batch_opt, imgsz_opt
 from libreyolo.utils.checks import MAX_BATCH
 
@@ -29,16 +32,11 @@ as_nms.allowed = "true, false or a dict of NMS settings"  # type: ignore[attr-de
 
 
 def as_format(name: str, value: Any) -> str:
-    from libreyolo.export.base import _ALIASES, _MODULES, FORMATS
-
-    key = value.strip().lower().lstrip(".") if isinstance(value, str) else None
-    key = _ALIASES.get(key, key)
-    if key not in _MODULES:
-        raise ArgumentError(f"unknown export format {value!r:.60}; choose one of: {', '.join(FORMATS)}")
-    return key
+    """A format name, alias or suffix -> its canonical name (the format table)."""
+    return format_name(value)
 
 
-as_format.allowed = "onnx, executorch, coreml, tensorrt, aoti, triton or openvino"  # type: ignore[attr-defined]
+as_format.allowed = ", ".join(FORMATS)  # type: ignore[attr-defined]
 
 
 def as_batch_sizes(name: str, value: Any) -> list[int]:
@@ -55,15 +53,11 @@ def as_batch_sizes(name: str, value: Any) -> list[int]:
 
 as_batch_sizes.allowed = "batch sizes such as 4,8"  # type: ignore[attr-defined]
 
-# options that belong to one format; any other format refuses them (libreyolo.export.driver)
-FORMAT_OPTIONS = {"max_batch": "triton", "preferred_batch": "triton", "queue_delay_us": "triton",
-                  "instances": "triton"}
 MAX_QUEUE_DELAY_US = 10_000_000
 MAX_INSTANCES = 64
 
 EXPORT_OPTIONS: dict[str, Opt] = {
-    "format": Opt(as_format, "onnx", "onnx, executorch, coreml, tensorrt, aoti (AOTInductor .pt2), triton "
-                  "(a Triton Inference Server model folder) or openvino (an IR folder <stem>_openvino_model)"),
+    "format": Opt(as_format, "onnx", f"artifact format: {', '.join(FORMATS)} (listed above)"),
     "imgsz": imgsz_opt("input size (a multiple of the model stride; default from the model)"),
     "batch": batch_opt(1, "batch size of the exported input (tensorrt + dynamic: the largest)"),
     "dynamic": Opt(as_bool, False, "dynamic batch (and spatial where supported)", True),
@@ -75,25 +69,43 @@ EXPORT_OPTIONS: dict[str, Opt] = {
     "output": Opt(str, None, "artifact path (or an existing folder); triton: the model repository folder"),
     "name": Opt(str, None, "file name in the default folder (instead of output); triton: the model name"),
     "workspace": Opt(float, None, "TensorRT workspace", min=0.0, max=MAX_WORKSPACE_GIB, min_open=True, unit="GiB"),
-    "autotune": Opt(as_bool, False, "aoti on CUDA: Inductor max-autotune (much longer compile)", True),
+    "autotune": Opt(as_bool, False, "on CUDA: Inductor max-autotune (much longer compile)", True),
     "int8": Opt(as_bool, False, "INT8 artifact: quantize()'s scales (calibrated on data's train split), gated on "
                 "the val split's accuracy", True),
     "data": Opt(str, None, "int8: dataset (YAML, or a classification root) for calibration and the accuracy gate"),
     "max_drop": Opt(float, None, "int8: largest allowed drop (default 0.02) of mAP50-95 (top-1 for "
                     "classifiers), absolute",
                     min=0.0, max=1.0),
-    "max_batch": Opt(int, None, "triton: max_batch_size of the model config (default 8; the ONNX batch axis is "
+    "max_batch": Opt(int, None, "max_batch_size of the model config (default 8; the ONNX batch axis is "
                      "dynamic)", min=1, max=MAX_BATCH),
-    "preferred_batch": Opt(as_batch_sizes, None, "triton: dynamic_batching preferred_batch_size, e.g. 4,8 (default: "
+    "preferred_batch": Opt(as_batch_sizes, None, "dynamic_batching preferred_batch_size, e.g. 4,8 (default: "
                            "none, Triton batches up to max_batch)"),
-    "queue_delay_us": Opt(int, None, "triton: dynamic_batching max_queue_delay_microseconds (default 100)", min=0,
+    "queue_delay_us": Opt(int, None, "dynamic_batching max_queue_delay_microseconds (default 100)", min=0,
                           max=MAX_QUEUE_DELAY_US, unit="microseconds"),
-    "instances": Opt(int, None, "triton: model instances per device (instance_group count, default 1)", min=1,
+    "instances": Opt(int, None, "model instances per device (instance_group count, default 1)", min=1,
                      max=MAX_INSTANCES),
     "validate": Opt(as_bool, True, "validate the artifact against the eager model", True),
     "require_validation": Opt(as_bool, False, "fail when the artifact cannot be validated here", True),
     "verbose": Opt(as_bool, True, "print the report", True),
 }
+
+
+def _scoped_help() -> None:
+    """A format-scoped option's help names the formats that take it (from the format table)."""
+    for key, takers in SCOPED_OPTIONS.items():
+        opt = EXPORT_OPTIONS[key]
+        EXPORT_OPTIONS[key] = dataclasses.replace(opt, help=f"{opt.help} [format={', '.join(takers)}]")
+
+
+_scoped_help()
+
+
+def check_export_options(given: dict[str, Any]) -> dict[str, Any]:
+    """Every export option checked by its declaration (unknown names refused); the defaults filled in."""
+    unknown = sorted(k for k in given if k not in EXPORT_OPTIONS)
+    if unknown:
+        raise ArgumentError(f"unknown export option(s): {', '.join(unknown)}; known: {', '.join(EXPORT_OPTIONS)}")
+    return {k: opt.check(k, given.get(k, opt.default)) for k, opt in EXPORT_OPTIONS.items()}
 
 
 def check_output_folder(output: Any) -> None:

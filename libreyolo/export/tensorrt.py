@@ -38,12 +38,13 @@ import torch
 
 from libreyolo.errors import ArgumentError, MissingDependencyError, require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.formats import get_format
 from libreyolo.export.metadata import sidecar_path, write_sidecar
 from libreyolo.export.onnx import EXPORTER as ONNX
 from libreyolo.export.onnx import check_opset, export_onnx
 from libreyolo.utils.log import LOGGER
 
-EXTRA = "tensorrt"
+EXTRA = get_format("tensorrt").extra
 DEFAULT_WORKSPACE_GIB = 4.0
 SUPPORTED_MAJORS = (10, 11)  # the API generations this module is written for (pyproject: tensorrt>=10.0,<12)
 CACHE_ENV = "LIBREYOLO_TENSORRT_CACHE"
@@ -176,19 +177,8 @@ def build_engine(onnx_path: Path, engine_path: Path, opts: ExportOptions, input_
             "api": f"TensorRT {major}"}
 
 
-class TensorRTExporter(Exporter):
-    name = "tensorrt"
-    suffix = ".engine"
-    runtime = "tensorrt"
-    extra = EXTRA
+class TensorRTExporter(Exporter, format="tensorrt"):
     toolchain = ("tensorrt", "onnx")
-    dynamic_shapes = True  # dynamic batch through an optimisation profile
-    dynamic_spatial = False  # the engine's input size is fixed
-    half = "cuda"          # strongly typed: the fp16 ONNX is traced in float16 on CUDA
-    embedded_nms = True
-    onnx_options = True
-    workspace_option = True
-    int8_mode = "qdq"      # strongly typed: the Q/DQ ONNX of quantize()'s layers
 
     def check(self, opts: ExportOptions) -> None:
         require("onnx", "onnx", "TensorRT export (the engine is built from an ONNX graph)")

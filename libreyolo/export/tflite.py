@@ -19,9 +19,10 @@ import torch
 
 from libreyolo.errors import ArgumentError, require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
+from libreyolo.export.formats import get_format
 from libreyolo.export.metadata import sidecar_path, write_sidecar
 
-EXTRA = "tflite"
+EXTRA = get_format("tflite").extra
 
 
 def tflite_ops(path: str | Path) -> set[str]:
@@ -45,13 +46,8 @@ def fp16_weights(source: Path, path: Path) -> None:
         raise ExportError(f"LiteRT fp16 weights failed: {type(exc).__name__}: {str(exc)[:2000]}") from exc
 
 
-class TfliteExporter(Exporter):
-    name = "tflite"
-    suffix = ".tflite"
-    runtime = "tflite"
-    extra = EXTRA
+class TfliteExporter(Exporter, format="tflite"):
     toolchain = ("litert-torch", "ai-edge-litert", "ai-edge-quantizer")
-    half = "any"  # fp16 weights: a post-conversion step on the flatbuffer, no GPU needed
 
     def check(self, opts: ExportOptions) -> None:
         require("litert_torch", EXTRA, "TFLite export")

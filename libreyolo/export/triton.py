@@ -168,20 +168,8 @@ def _default_folder(model: Any) -> tuple[Path, str]:
     return Path("."), f"{model.family.name}{model.size}"
 
 
-class TritonExporter(Exporter):
-    name = "triton"
-    suffix = ""
-    runtime = "triton"   # the validator opens the folder's model.onnx with ONNX Runtime through it
-    extra = "onnx"
+class TritonExporter(Exporter, format="triton"):
     toolchain = ("onnx", "onnxruntime", "onnxslim")
-    is_directory = True
-    dynamic_shapes = True
-    batch_axis_dynamic = True  # Triton batches requests along axis 0 (max_batch_size > 0)
-    half = "cuda"
-    embedded_nms = True
-    onnx_options = True
-    format_options = tuple(DEFAULTS)
-    benchmarked = False  # locally it is the onnx row's file; a server is measured with Triton's perf_analyzer
 
     def check(self, opts: ExportOptions) -> None:
         ONNX.check(opts)

@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 
-from libreyolo.export import selection
-from libreyolo.export.base import Exporter, ExportOptions
-from libreyolo.export.checks import (
+from libreyolo.compare import selection
+from libreyolo.compare.groups import (
     compare_group,
     compare_quantized,
     cosine,
@@ -30,10 +29,11 @@ from libreyolo.export.checks import (
     distribution_checks,
     eager_drifts,
 )
-from libreyolo.export.matching import match_classes, match_detections  # noqa: F401 - contracts name them here
+from libreyolo.compare.matching import match_classes, match_detections  # noqa: F401 - older contracts name them here
+from libreyolo.compare.selection import align_row_sets, selection_edges
+from libreyolo.export.base import Exporter, ExportOptions
 from libreyolo.export.module import ExportModule
 from libreyolo.export.report import ValidationReport
-from libreyolo.export.selection import align_row_sets, selection_edges
 from libreyolo.ops.letterbox import LetterboxMeta
 from libreyolo.results import decoded_predictions
 from libreyolo.tasks import get_task
@@ -52,8 +52,6 @@ from libreyolo.utils.tolerance import (
     groups_for,
     score_tolerance,
 )
-
-VALIDATION_CONF = 0.25
 
 
 def probe_images(imgsz: int, height: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -179,18 +177,15 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     # (detections, classes, pixels, ...), unless the family's contract names its own matcher
     task = get_task(family.task)
     match_decoded = resolve(contract.decoded_match) if contract.decoded_match else task.matcher()
-    wanted = {"conf": max(VALIDATION_CONF, nms["conf"]) if nms else VALIDATION_CONF,
-              "iou": nms["iou"] if nms else 0.45, "max_det": nms["max_det"] if nms else 300}
-    vopts = task.predict_options({k: v for k, v in wanted.items() if k in task.options})
+    vopts = task.export_validation_options(nms)
 
     sample, sample_metas = sample_batch(family, opts.imgsz)
     if not nms:
         vopts = task.validation_options(model, sample, sample_metas, vopts)
-        if vopts.get("conf", VALIDATION_CONF) < VALIDATION_CONF:
-            report.notes.append(f"the eager model scores few boxes above {VALIDATION_CONF} on the sample image "
-                                f"(e.g. untrained weights), so detections are compared at conf={vopts.conf:.3g}")
-    conf, iou, max_det = vopts.get("conf"), vopts.get("iou"), vopts.get("max_det")
-    match_kw = {"conf": conf, "max_det": max_det, "iou_min": iou_min, "nms_iou": iou}
+        note = task.validation_note(vopts)
+        if note:
+            report.notes.append(note)
+    match_kw = {**task.match_options(vopts), "iou_min": iou_min}
     probes = {"sample": sample, **probe_images(opts.imgsz)}
     batches = _batches(probes, opts.batch)
     if opts.dynamic:
@@ -330,7 +325,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         if nms is None and compared is not got:  # ties realigned above: compare the decisions eager took
             art = runtime.family.postprocess(compared, metas, vopts)
         if nms:
-            over = (eager_named[contract.nms_input][:, 4:] > conf).flatten(1).sum(1)
+            over = (eager_named[contract.nms_input][:, 4:] > vopts.conf).flatten(1).sum(1)
             if bool((over > nms["topk"]).any()):
                 within_topk = runtime.family.postprocess(run["ref"], metas, vopts)
                 eager = [t if bool(o > nms["topk"]) else e for e, t, o in zip(eager, within_topk, over, strict=True)]
@@ -378,7 +373,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         report.notes.append("embedded NMS outputs are compared as detection sets (rows of tied scores may swap)")
     if capped:
         report.notes.append(
-            f"on {capped} input(s) more than topk={nms['topk']} (box, class) pairs score above conf={conf}: "
+            f"on {capped} input(s) more than topk={nms['topk']} (box, class) pairs score above conf={vopts.conf}: "
             "the embedded NMS is exact for the top-k candidates only, so those inputs were compared with eager "
             "greedy NMS over the same top-k candidates (see docs/export.md, embedded NMS limits)")
     if quant_floor and d16 is not None:

@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from libreyolo.compare.exact import bit_equal, equal_outputs
+
 CHECKS = ("eager_deterministic", "probe_uniform", "probe_normal", "probe_ramps", "probe_image", "second_replay",
           "outputs_kept", "interleaved", "batch2", "fp16", "invalidation")
 PIPELINE_CHECKS = ("pipeline_probes", "pipeline_thresholds", "pipeline_second_replay", "pipeline_interleaved",
@@ -167,34 +169,6 @@ def _sample_batch(family, imgsz: int, batch: int, device: torch.device, dtype: t
     return pre(images, dtype=dtype)[0]
 
 
-_INT_OF = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
-           torch.float64: torch.int64}
-
-
-def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit patterns: unlike ``torch.equal`` on floats, the same NaN equals itself and
-    -0.0 differs from 0.0."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    bits = _INT_OF.get(a.dtype)
-    return torch.equal(a.view(bits), b.view(bits)) if bits is not None else torch.equal(a, b)
-
-
-def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[bool, str]:
-    if a.keys() != b.keys():
-        return False, f"output names differ: {sorted(a)} vs {sorted(b)}"
-    diffs = []
-    for k in a:
-        if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype:
-            diffs.append(f"{k}: {tuple(a[k].shape)} {a[k].dtype} vs {tuple(b[k].shape)} {b[k].dtype}")
-        elif b[k].is_floating_point() and not bool(torch.isfinite(b[k]).all()):
-            # not a graph fault, but a NaN/inf probe proves nothing: fix the weights or the probe
-            diffs.append(f"{k}: eager output has {int((~torch.isfinite(b[k])).sum())} non-finite values")
-        elif not bit_equal(a[k], b[k]):
-            diffs.append(f"{k}: max abs diff {(a[k].double() - b[k].double()).abs().max().item():.3g}")
-    return not diffs, "; ".join(diffs)
-
-
 def check_family_size(family_name: str, size: str, *, device: str | torch.device = "cuda",
                       imgszs: Sequence[int] = (640, 320), seed: int = 0, backend: Any = None) -> list[dict]:
     """Run every check for one (family, size); one row per check."""
@@ -224,35 +198,35 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
 
         p = {s: probes(family, s, device=device, seed=seed) for s in {big, small}}
         ref = {s: {n: eager(x) for n, x in p[s].items()} for s in p}
-        again = [_equal(eager(x), ref[big][n]) for n, x in p[big].items()]
+        again = [equal_outputs(eager(x), ref[big][n]) for n, x in p[big].items()]
         record("eager_deterministic", all(ok for ok, _ in again), "; ".join(d for _, d in again if d))
 
         first = None
         for name in ("uniform", "normal", "ramps", "image"):
             out = graph(p[big][name])
             first = out if name == "image" else first
-            record(f"probe_{name}", *_equal(out, ref[big][name]))
+            record(f"probe_{name}", *equal_outputs(out, ref[big][name]))
 
-        checks = [_equal(graph(p[big][n]), ref[big][n]) for n in ("normal", "image", "image", "uniform")]
+        checks = [equal_outputs(graph(p[big][n]), ref[big][n]) for n in ("normal", "image", "image", "uniform")]
         record("second_replay", all(ok for ok, _ in checks), "; ".join(d for _, d in checks if d))
-        record("outputs_kept", *_equal(first, ref[big]["image"]))
+        record("outputs_kept", *equal_outputs(first, ref[big]["image"]))
 
         order = [(small, "image"), (big, "normal"), (small, "ramps"), (big, "image"), (small, "uniform"),
                  (big, "ramps")]
-        checks = [_equal(graph(p[s][n]), ref[s][n]) for s, n in order]
+        checks = [equal_outputs(graph(p[s][n]), ref[s][n]) for s, n in order]
         n_graphs = len(model.graph_info()["graphs"])
         ok = all(c for c, _ in checks) and n_graphs == len({big, small})
         record("interleaved", ok, "; ".join(d for _, d in checks if d) or f"{n_graphs} graphs")
 
         pb = probes(family, small, batch=2, device=device, seed=seed + 1)
         xb = torch.cat([pb["image"][:1], pb["normal"][1:]])
-        record("batch2", *_equal(graph(xb), eager(xb)))
+        record("batch2", *equal_outputs(graph(xb), eager(xb)))
         _pipeline_checks(model, p, big, small, record)
 
         if device.type == "cuda":
             model.half()  # selects the float16 inference copy; the master stays float32
             ph = {n: x.half() for n, x in p[small].items()}
-            checks = [_equal(graph(ph[n]), eager(ph[n])) for n in ("image", "normal", "image")]
+            checks = [equal_outputs(graph(ph[n]), eager(ph[n])) for n in ("image", "normal", "image")]
             record("fp16", all(ok for ok, _ in checks), "; ".join(d for _, d in checks if d))
         else:
             record("fp16", None, "fp16 needs CUDA")
@@ -261,7 +235,7 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
         model.float()
         moved = model.graph_info()["invalidations"] > before
         # compare with eager on the weights as they are now
-        ok, detail = _equal(graph(p[big]["image"]), eager(p[big]["image"]))
+        ok, detail = equal_outputs(graph(p[big]["image"]), eager(p[big]["image"]))
         record("invalidation", moved and ok,
                detail or ("" if moved else "graphs were not dropped after a dtype change"))
     except Exception as exc:  # noqa: BLE001 - a crash is a failed row, the matrix goes on
@@ -300,7 +274,7 @@ def _pipeline_checks(model, p: dict[int, dict[str, torch.Tensor]], big: int, sma
         metas = metas_of(x)
         graphed = model._pipeline_forward(x, metas, True, **kw)
         eager_padded = model._pipeline_forward(x, metas, False, **kw)
-        ok, detail = _equal(graphed, eager_padded)
+        ok, detail = equal_outputs(graphed, eager_padded)
         got = post.read(graphed)
         want = family.postprocess(model._forward(x), metas, **kw)  # what eager predict() computes
         for i, (g, w) in enumerate(zip(got, want, strict=True)):

@@ -35,8 +35,7 @@ class DecodedFamily:
         self._decoder = decoder
 
     def postprocess(self, outputs: dict[str, torch.Tensor], metas: list, opts: Any = None, **kw: Any) -> list[dict]:
-        o = self._family.task_options(opts, kw)
-        return self._decoder(outputs, metas, conf=o.conf, iou=o.iou, max_det=o.max_det, classes=o.get("classes"))
+        return self._decoder(outputs, metas, self._family.task_options(opts, kw))  # the options are the task's
 
     def postprocess_later(self, outputs: dict[str, torch.Tensor], metas: list, opts: Any = None,
                           **kw: Any) -> Any:

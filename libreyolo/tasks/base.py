@@ -96,6 +96,9 @@ class Task:
     # why models of this task cannot be trained, in one sentence; None: they can (where the family
     # declares a loss). train() and ``libreyolo train`` stop with it before reading any argument
     training_unavailable: ClassVar[str | None] = None
+    # why INT8 artifacts (export int8=True) are not offered for this task's models, in one clause; None:
+    # they are (the export's accuracy gate then judges each one)
+    int8_unavailable: ClassVar[str | None] = None
     # whether track() can follow this task's predictions across frames (libreyolo.track: it follows
     # Results.boxes, so only tasks whose payload is boxes); the others say so in one line
     trackable: ClassVar[bool] = False
@@ -105,7 +108,7 @@ class Task:
     val_options: ClassVar[dict[str, Opt]] = {}
     # the headline validation metric (benchmark tables, best-checkpoint fitness, CLI summary)
     metric: ClassVar[str] = ""
-    # "module:attr" of the decoded-output matcher of export validation (libreyolo.export.matching)
+    # "module:attr" of the decoded-output matcher of export validation (libreyolo.compare.matching)
     decoded_match: ClassVar[str] = ""
     # what data= is for this task, in words (error messages, --help)
     data_help: ClassVar[str] = ""
@@ -151,9 +154,23 @@ class Task:
     def matcher(self) -> Any:
         return resolve(self.decoded_match)
 
+    def export_validation_options(self, embedded: dict[str, Any] | None) -> TaskOptions:
+        """The options an artifact's decoded outputs are compared at, before :meth:`validation_options`
+        adapts them to the model (``embedded``: the artifact's embedded NMS settings, or None)."""
+        return self.predict_options({})
+
     def validation_options(self, model: Any, sample: torch.Tensor, metas: list, opts: Any) -> TaskOptions:
         """The options decoded outputs are compared at during export validation."""
         return self.predict_options({})
+
+    def validation_note(self, opts: Any) -> str | None:
+        """A line for the validation report about the options :meth:`validation_options` chose, or None."""
+        return None
+
+    def match_options(self, opts: Any) -> dict[str, Any]:
+        """Keyword arguments of this task's decoded-output matcher (:attr:`decoded_match`) from the
+        validation options ``opts``."""
+        return {}
 
     # --- training and val --------------------------------------------------------------------
     def require_trainable(self) -> None:

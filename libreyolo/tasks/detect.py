@@ -3,7 +3,7 @@
 Families: yolo9, yolox (dense predictions, NMS), rtdetr, dfine (set predictions, top-k). Their
 postprocess returns ``{"xyxy": (N, 4), "conf": (N,), "cls": (N,)}`` per image in original-image
 pixels; decoded outputs are compared as matched detection sets
-(:func:`libreyolo.export.matching.match_detections`).
+(:func:`libreyolo.compare.matching.match_detections`).
 """
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from libreyolo.tasks.base import PROBE_IMAGES, Task, TaskOptions
 
 if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options without it
     import torch
+
+# export validation compares detections above this confidence (lowered for a model that scores few
+# boxes above it on the sample image: :func:`detection_conf`)
+VALIDATION_CONF = 0.25
 
 DETECT_OPTIONS: dict[str, Opt] = {
     "conf": fraction(0.25, "confidence threshold"),
@@ -34,7 +38,7 @@ class Detect(Task):
     trackable = True  # libreyolo.track follows Results.boxes
     options = DETECT_OPTIONS
     metric = "mAP50-95"
-    decoded_match = "libreyolo.export.matching:match_detections"
+    decoded_match = "libreyolo.compare.matching:match_detections"
     data_help = "a dataset YAML (path, train, val, names; YOLO .txt labels)"
     what = "detections"
 
@@ -46,9 +50,26 @@ class Detect(Task):
     def decoded(self, payload: Any) -> dict[str, torch.Tensor]:
         return {"xyxy": payload.xyxy, "conf": payload.conf, "cls": payload.cls}
 
+    def export_validation_options(self, embedded: dict[str, Any] | None) -> TaskOptions:
+        """``conf`` VALIDATION_CONF (or the embedded NMS's, where higher), the embedded NMS's ``iou`` and
+        ``max_det`` (else predict's defaults)."""
+        if embedded:
+            return self.predict_options({"conf": max(VALIDATION_CONF, embedded["conf"]), "iou": embedded["iou"],
+                                         "max_det": embedded["max_det"]})
+        return self.predict_options({"conf": VALIDATION_CONF, "iou": 0.45, "max_det": 300})
+
     def validation_options(self, model: Any, sample: torch.Tensor, metas: list, opts: Any) -> TaskOptions:
         conf = detection_conf(model, sample, metas, opts.conf)
         return self.predict_options({"conf": conf, "iou": opts.iou, "max_det": opts.max_det})
+
+    def validation_note(self, opts: Any) -> str | None:
+        if opts.conf < VALIDATION_CONF:
+            return (f"the eager model scores few boxes above {VALIDATION_CONF} on the sample image "
+                    f"(e.g. untrained weights), so detections are compared at conf={opts.conf:.3g}")
+        return None
+
+    def match_options(self, opts: Any) -> dict[str, Any]:
+        return {"conf": opts.conf, "max_det": opts.max_det, "nms_iou": opts.iou}
 
     # --- training and val ------------------------------------------------------------------
     def claims_data(self, data: Any) -> str | None:
