@@ -20,6 +20,7 @@ class ExportModule(nn.Module):
         super().__init__()
         self.net = net
         self.family = family
+        self.nc = nc
         self.nms = None
         if nms is not None:
             params = {k: v for k, v in nms.items() if k in ("topk", "iterations", "iou", "conf", "max_det")}
@@ -38,6 +39,12 @@ class ExportModule(nn.Module):
         # (anchors, height, width, ...) when the input's spatial size is dynamic too
         return {name: {int(a): n for a, n in axes.get(name, {}).items() if dynamic_spatial or n == "batch"}
                 for name in self.output_names()}
+
+    def fixed_output_dims(self) -> dict[str, dict[int, int]]:
+        """Output sizes the contract fixes whatever the input size: the class axis (``nc + offset``)."""
+        if self.nms is not None or self.nc is None:
+            return {}
+        return {out: {axis: int(self.nc) + offset} for out, (axis, offset) in self.contract.class_axes.items()}
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outputs = self.family.export_outputs(self.net(images))
