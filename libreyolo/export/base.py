@@ -48,6 +48,7 @@ class ExportOptions:
     max_drop: float = 0.02          # int8: the accuracy gate's largest allowed metric drop
     calibration: Any = None         # int8: the Int8Plan (quantized eager model, calibration batches)
     format_options: dict[str, Any] = field(default_factory=dict)  # options of one format (Exporter.format_options)
+    e2e: dict[str, Any] | None = None  # end-to-end: the input normalisation the graph applies (libreyolo.export.e2e)
 
     @property
     def precision(self) -> str:
@@ -58,7 +59,8 @@ class ExportOptions:
                 "opset": self.opset, "simplify": self.simplify, "nms": self.nms is not None,
                 "device": str(self.device), "workspace": self.workspace, "validate": self.validate,
                 **({"autotune": True} if self.autotune else {}),
-                **({"int8": True, "max_drop": self.max_drop} if self.int8 else {}), **self.format_options}
+                **({"int8": True, "max_drop": self.max_drop} if self.int8 else {}),
+                **({"e2e": True} if self.e2e else {}), **self.format_options}
 
 
 class Exporter:
@@ -75,6 +77,9 @@ class Exporter:
     dynamic_spatial: ClassVar[bool] = True   # ... and a dynamic height/width, where the family allows it
     half: ClassVar[str] = "no"               # "no", "cuda" (fp16 export needs a CUDA device) or "any"
     embedded_nms: ClassVar[bool] = False
+    # e2e=True: the artifact takes uint8 pixels and normalises inside (libreyolo.export.e2e); formats
+    # whose runtime feeds an integer input and that were validated with it
+    e2e_input: ClassVar[bool] = False
     onnx_options: ClassVar[bool] = False     # does opset/simplify apply
     workspace_option: ClassVar[bool] = False
     autotune_option: ClassVar[bool] = False  # does autotune apply

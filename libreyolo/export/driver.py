@@ -24,6 +24,7 @@ from libreyolo.export.base import (
     default_output,  # noqa: F401 - exporters of other formats import it from here
     get_exporter,
 )
+from libreyolo.export.e2e import input_normalization
 from libreyolo.export.metadata import (
     METADATA_VERSION,
     sha256_file,
@@ -46,7 +47,7 @@ def _flag(name: str, value: Any) -> bool:
 def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic: Any, half: Any, opset: Any,
              simplify: Any, nms: Any, device: Any, workspace: Any, validate: Any,
              require_validation: Any, autotune: Any = False, int8: Any = False, data: Any = None,
-             max_drop: Any = None, format_options: dict[str, Any] | None = None) -> ExportOptions:
+             max_drop: Any = None, format_options: dict[str, Any] | None = None, e2e: Any = False) -> ExportOptions:
     from libreyolo.export.options import FORMAT_OPTIONS
 
     fmt = exporter.name
@@ -79,6 +80,15 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
     if workspace is not None and (isinstance(workspace, bool) or not isinstance(workspace, (int, float))
                                   or workspace <= 0):
         raise ArgumentError(f"workspace must be a positive number of GiB, got {workspace!r}")
+    e2e = _flag("e2e", e2e)
+    if e2e and not exporter.e2e_input:
+        from libreyolo.export.base import FORMATS
+
+        able = ", ".join(f for f in FORMATS if get_exporter(f).e2e_input)
+        raise ArgumentError(f"e2e=True (uint8 input, preprocessing inside) is not supported for format={fmt}; "
+                            f"formats with end-to-end artifacts: {able}")
+    if e2e and (nms is None or nms is False) and contract.nms_input is not None:
+        nms = True  # a dense detector's end-to-end artifact has NMS inside
     nms_params = None
     if nms is not None and nms is not False:
         if contract.nms_free is not None:
@@ -113,6 +123,9 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
             raise ArgumentError(f"{why}int8=True needs data=: a dataset (YAML, or a classification folder) whose "
                                 "train split calibrates the activations and whose val split gates the accuracy"
                                 + ("; or export the float model: model.dequantize().export(...)" if why else ""))
+    if e2e and (half or int8):
+        raise ArgumentError(f"e2e=True and {'half' if half else 'int8'}=True cannot be combined yet (the "
+                            "end-to-end artifact is float32 inside); export one of them")
     if half and exporter.half == "no":
         raise ArgumentError(f"half=True is not supported for format={fmt}; export in float32")
     if half and exporter.half == "cuda" and dev.type != "cuda":
@@ -123,12 +136,15 @@ def _options(model: Any, exporter: Exporter, *, imgsz: Any, batch: Any, dynamic:
                          dynamic_spatial=dynamic and contract.dynamic_spatial and exporter.dynamic_spatial,
                          device_explicit=device is not None, autotune=autotune, int8=int8,
                          data=None if data is None else str(data),
-                         max_drop=0.02 if max_drop is None else float(max_drop), format_options=format_options)
+                         max_drop=0.02 if max_drop is None else float(max_drop), format_options=format_options,
+                         e2e=input_normalization(model.family, imgsz) if e2e else None)
     exporter.check(opts)
     return opts
 
 
 def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: ExportModule) -> dict[str, Any]:
+    from libreyolo.export import e2e
+
     family, contract = model.family, model.family.export
     box = family.letterbox(opts.imgsz)
     source = getattr(model, "source", None)
@@ -143,10 +159,11 @@ def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: Expor
         "size": model.size, "task": family.task, "nc": model.nc, "names": {str(k): v for k, v in model.names.items()},
         "imgsz": opts.imgsz, "batch": opts.batch, "stride": family.stride,
         "input_name": contract.input_name, "output_names": list(module.output_names()),
-        "input_dtype": "float16" if opts.half and exporter.half == "cuda" else "float32",
+        "input_dtype": e2e.PIXEL_DTYPE if opts.e2e else ("float16" if opts.half and exporter.half == "cuda"
+                                                         else "float32"),
         # network input = (8-bit pixel * scale - mean) / std, per channel in ``color`` order
-        "normalization": {"layout": contract.input_layout, "color": contract.input_color,
-                          "scale": contract.input_scale, **box.normalization()},
+        "normalization": input_normalization(family, opts.imgsz),
+        **({"e2e": e2e.describe(opts.e2e, opts.nms is not None)} if opts.e2e else {}),
         "letterbox": box.describe(),  # the preprocessing (letterbox, resize + crop, ...), checked by runtimes
         "precision": opts.precision, "dynamic_axes": axes, "nms": opts.nms,
         "export_args": opts.as_metadata(), "versions": toolchain_versions(*exporter.toolchain),
@@ -222,7 +239,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
            autotune: bool = False, int8: bool = False, data: str | Path | None = None,
            max_drop: float | None = None, max_batch: int | None = None,
            preferred_batch: int | list[int] | str | None = None, queue_delay_us: int | None = None,
-           instances: int | None = None) -> ExportReport:
+           instances: int | None = None, e2e: bool = False) -> ExportReport:
     """Export an eager model to an artifact, validate it against eager, and install it atomically.
 
     ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti`` (AOTInductor ``.pt2``;
@@ -246,7 +263,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
              "workspace": workspace, "validate": validate, "require_validation": require_validation,
              "verbose": verbose, "autotune": autotune, "int8": int8, "data": data, "max_drop": max_drop,
              "max_batch": max_batch, "preferred_batch": preferred_batch, "queue_delay_us": queue_delay_us,
-             "instances": instances}
+             "instances": instances, "e2e": e2e}
     checked = {k: EXPORT_OPTIONS[k].check(k, v) for k, v in given.items()}  # the table every entry point uses
     imgsz, batch, opset, workspace, verbose = (checked[k] for k in ("imgsz", "batch", "opset", "workspace",
                                                                    "verbose"))
@@ -255,7 +272,7 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
                     simplify=simplify, nms=nms, device=device, workspace=workspace, validate=validate,
                     require_validation=require_validation, autotune=autotune, int8=checked["int8"],
                     data=checked["data"], max_drop=checked["max_drop"],
-                    format_options={k: checked[k] for k in FORMAT_OPTIONS})
+                    format_options={k: checked[k] for k in FORMAT_OPTIONS}, e2e=checked["e2e"])
     final = exporter.resolve_output(model, output, name)
     if exporter.is_directory:  # a swap a hard kill interrupted is finished first (the old folder back)
         recover_folder(final, exporter.work_parent(final))
@@ -285,9 +302,11 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     else:
         net = copy.deepcopy(opts.calibration.float_model.net if opts.int8 else model.net).to(opts.device).eval()
     net = net.half() if opts.half and exporter.half == "cuda" else net.float()
-    module = ExportModule(net, model.family, opts.nms, nc=model.nc).to(opts.device).eval()
+    module = ExportModule(net, model.family, opts.nms, nc=model.nc, e2e=opts.e2e).to(opts.device).eval()
     dtype = torch.float16 if opts.half and exporter.half == "cuda" else torch.float32
     example = torch.full((opts.batch, 3, opts.imgsz, opts.imgsz), 0.5, dtype=dtype, device=opts.device)
+    if opts.e2e:  # 8-bit pixels (mid grey)
+        example = torch.full((opts.batch, 3, opts.imgsz, opts.imgsz), 128, dtype=torch.uint8, device=opts.device)
     with TempGuard() as guard:  # SIGTERM during the export removes the work folder too
         work = guard.add(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=exporter.work_parent(final)))
         try:

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.export.e2e import E2EInput
 from libreyolo.export.nms import OUTPUT_AXES as NMS_AXES
 from libreyolo.export.nms import OUTPUT_NAMES as NMS_NAMES
 from libreyolo.export.nms import EmbeddedNMS
@@ -16,9 +17,11 @@ class ExportModule(nn.Module):
     """``images -> tuple of outputs`` exactly as named by :meth:`output_names`."""
 
     def __init__(self, net: nn.Module, family: Family, nms: dict[str, Any] | None = None,
-                 nc: int | None = None) -> None:
+                 nc: int | None = None, e2e: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.net = net
+        # end-to-end: uint8 RGB pixels in, the family's normalisation first (libreyolo.export.e2e)
+        self.pixels = E2EInput(e2e) if e2e is not None else None
         self.family = family
         self.nc = nc
         self.nms = None
@@ -47,6 +50,8 @@ class ExportModule(nn.Module):
         return {out: {axis: int(self.nc) + offset} for out, (axis, offset) in self.contract.class_axes.items()}
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.pixels is not None:
+            images = self.pixels(images)
         outputs = self.family.export_outputs(self.net(images))
         if self.nms is None:
             return tuple(outputs)

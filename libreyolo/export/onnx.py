@@ -79,6 +79,7 @@ class OnnxExporter(Exporter):
     dynamic_shapes = True
     half = "cuda"
     embedded_nms = True
+    e2e_input = True
     onnx_options = True
     int8_mode = "qdq"
 
