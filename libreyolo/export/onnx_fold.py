@@ -90,7 +90,7 @@ def _fold_once(model: Any) -> int:
         return 0
     folded_ids = {id(n) for n in folded}
     kept = [n for n in graph.node if id(n) not in folded_ids]
-    used = {n for node in kept for n in node.input} | {o.name for o in graph.output}
+    used = _used(kept) | {o.name for o in graph.output}
     for node in folded:
         for name in node.output:
             if name in used:
@@ -115,10 +115,22 @@ def _const_value(graph: Any, name: str) -> np.ndarray:
     raise KeyError(name)
 
 
+def _used(nodes: Any) -> set[str]:
+    """Every tensor name ``nodes`` read, also from inside their subgraphs (an ``If`` branch reads the
+    outer graph's tensors by name)."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                names |= _used(sub.node)
+    return names
+
+
 def _drop_dead(graph: Any) -> None:
     """Remove nodes and initializers nothing reads any more (the Shape nodes' Constant inputs)."""
     while True:
-        used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
+        used = _used(graph.node) | {o.name for o in graph.output}
         dead = [n for n in graph.node if not any(o in used for o in n.output)]
         if not dead:
             break
@@ -126,7 +138,7 @@ def _drop_dead(graph: Any) -> None:
         kept = [n for n in graph.node if id(n) not in dead_ids]
         del graph.node[:]
         graph.node.extend(kept)
-    used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
+    used = _used(graph.node) | {o.name for o in graph.output}
     kept_init = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept_init)
