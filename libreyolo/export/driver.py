@@ -245,7 +245,9 @@ def export(model: Any, format: str = "onnx", *, imgsz: int | None = None, batch:
     ``format``: ``onnx``, ``executorch``, ``coreml``, ``tensorrt``, ``aoti`` (AOTInductor ``.pt2``;
     ``autotune=True`` tunes its CUDA kernels) or ``openvino`` (an IR folder ``<stem>_openvino_model``).
     ``imgsz`` defaults to the model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``,
-    ``max_det``) embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
+    ``max_det``) embeds NMS. ``e2e=True`` writes an end-to-end artifact: uint8 RGB NCHW pixels in, the
+    family's colour order and normalisation (and NMS, for dense detectors) inside (:mod:`libreyolo.export.e2e`).
+    ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
     on data's train split), validated against the quantized eager model and refused when its
     accuracy on data's val split drops by more than ``max_drop`` (default 0.02;
     :mod:`libreyolo.export.int8`). ``validate=False`` skips the comparison with eager (with a loud warning);

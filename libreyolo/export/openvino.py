@@ -201,6 +201,7 @@ class OpenVINOExporter(Exporter):
     dynamic_shapes = True
     half = "any"           # fp16 weights in the IR, computed at the validated precision (f32)
     embedded_nms = True
+    e2e_input = True       # the uint8 input of the ONNX graph carries over to the IR
     onnx_options = True    # opset/simplify apply to the ONNX graph the IR is converted from
     int8_mode = "own"      # NNCF on the float IR, calibrated on the INT8 plan's images
 
@@ -218,7 +219,8 @@ class OpenVINOExporter(Exporter):
               work: Path) -> None:
         ov = _ov()
         onnx_path = work / "source.onnx"
-        export_onnx(module, example.float(), onnx_path, replace(opts, half=False))
+        # the IR is float32 inside; an end-to-end graph keeps its uint8 pixel input
+        export_onnx(module, example if opts.e2e else example.float(), onnx_path, replace(opts, half=False))
         try:
             model = ov.convert_model(str(onnx_path))
         except Exception as exc:
