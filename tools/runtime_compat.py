@@ -66,7 +66,7 @@ def _reason(exc: str) -> str:
     if "Can't create layer" in text:
         text = "no layer for this operator"
     op = node.group(1) if node else ""
-    text = text.removeprefix(f"{op}: ")[:70]
+    text = text.removeprefix(f"{op}: ").split(", where")[0][:80]
     return (f"{op}: " if op else "") + text.replace("|", "/")
 
 
