@@ -45,15 +45,16 @@ def task_table() -> str:
 def format_table() -> str:
     from libreyolo.export.formats import FORMAT_TABLE
 
-    rows = ["| format | artifact | runs through | extra | fp16 | INT8 | dynamic batch | NMS inside |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| format | artifact | runs through | extra | fp16 | INT8 | dynamic batch | NMS inside | e2e (uint8 in) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     half = {"no": "no", "cuda": "CUDA export", "any": "yes"}
     int8 = {"no": "no", "qdq": "Q/DQ graph", "own": "toolchain"}
     for f in FORMAT_TABLE:
         artifact = f"`*{f.suffix}`" + (" folder" if f.directory else "")
         rows.append(f"| `{f.name}` | {artifact} | `libreyolo.runtimes.{f.runtime}` | `{f.extra}` | "
                     f"{half.get(f.half, f.half)} | {int8.get(f.int8, f.int8)} | "
-                    f"{'yes' if f.dynamic_batch else 'no'} | {'yes' if f.embedded_nms else 'no'} |")
+                    f"{'yes' if f.dynamic_batch else 'no'} | {'yes' if f.embedded_nms else 'no'} | "
+                    f"{'yes' if f.e2e_input else 'no'} |")
     return "\n".join(rows)
 
 
@@ -63,8 +64,8 @@ def format_detail_table() -> str:
 
     yes = {True: "yes", False: "no"}
     rows = ["| format | aliases | artifact | exporter | runtime | extra | dynamic batch / size | fp16 | INT8 | "
-            "NMS inside | max rank | own options | benchmark device |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "NMS inside | e2e (uint8 in) | max rank | own options | benchmark device |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in FORMAT_TABLE:
         artifact = (f"`*{f.suffix}`" if f.suffix else "`<name>`") + (" folder" if f.directory else "")
         if not f.loads_by_suffix:
@@ -76,7 +77,7 @@ def format_detail_table() -> str:
         rows.append(
             f"| `{f.name}` | {', '.join(f'`{a}`' for a in f.aliases) or '-'} | {artifact} | "
             f"`libreyolo.export.{f.exporter}` | `libreyolo.runtimes.{f.runtime}` | `{f.extra}` | {dyn} | {f.half} | "
-            f"{f.int8} | {yes[f.embedded_nms]} | {f.max_tensor_rank or '-'} | "
+            f"{f.int8} | {yes[f.embedded_nms]} | {yes[f.e2e_input]} | {f.max_tensor_rank or '-'} | "
             f"{', '.join(f'`{o}`' for o in f.option_names) or '-'} | {device} |")
     return "\n".join(rows)
 

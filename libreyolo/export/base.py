@@ -49,6 +49,7 @@ class ExportOptions:
     max_drop: float = 0.02          # int8: the accuracy gate's largest allowed metric drop
     calibration: Any = None         # int8: the Int8Plan (quantized eager model, calibration batches)
     format_options: dict[str, Any] = field(default_factory=dict)  # options of one format (Exporter.format_options)
+    e2e: dict[str, Any] | None = None  # end-to-end: the input normalisation the graph applies (libreyolo.export.e2e)
 
     @property
     def precision(self) -> str:
@@ -59,7 +60,8 @@ class ExportOptions:
                 "opset": self.opset, "simplify": self.simplify, "nms": self.nms is not None,
                 "device": str(self.device), "workspace": self.workspace, "validate": self.validate,
                 **({"autotune": True} if self.autotune else {}),
-                **({"int8": True, "max_drop": self.max_drop} if self.int8 else {}), **self.format_options}
+                **({"int8": True, "max_drop": self.max_drop} if self.int8 else {}),
+                **({"e2e": True} if self.e2e else {}), **self.format_options}
 
 
 # Exporter attribute -> Format field: the capabilities an exporter exposes, filled from its row of
@@ -68,7 +70,7 @@ _FROM_ROW = {"name": "name", "suffix": "suffix", "runtime": "runtime", "extra": 
              "dynamic_shapes": "dynamic_batch", "batch_axis_dynamic": "batch_axis_dynamic",
              "dynamic_spatial": "dynamic_spatial", "half": "half", "embedded_nms": "embedded_nms",
              "int8_mode": "int8", "format_options": "option_names", "benchmarked": "benchmarked",
-             "max_tensor_rank": "max_tensor_rank", "rank_limit": "rank_limit"}
+             "max_tensor_rank": "max_tensor_rank", "rank_limit": "rank_limit", "e2e_input": "e2e_input"}
 
 
 class Exporter:
@@ -78,7 +80,7 @@ class Exporter:
     :data:`libreyolo.export.formats.FORMAT_TABLE` and is exposed as class attributes (``name``,
     ``suffix``, ``runtime``, ``extra``, ``is_directory``, ``dynamic_shapes``, ``batch_axis_dynamic``,
     ``dynamic_spatial``, ``half``, ``embedded_nms``, ``int8_mode``, ``format_options``, ``benchmarked``,
-    ``max_tensor_rank``, ``rank_limit``); the subclass says how to build, stamp and inspect it.
+    ``max_tensor_rank``, ``rank_limit``, ``e2e_input``); the subclass says how to build, stamp and inspect it.
     """
 
     spec: ClassVar[Format]
@@ -92,6 +94,7 @@ class Exporter:
     dynamic_spatial: ClassVar[bool]
     half: ClassVar[str]
     embedded_nms: ClassVar[bool]
+    e2e_input: ClassVar[bool]
     int8_mode: ClassVar[str]
     format_options: ClassVar[tuple[str, ...]]
     benchmarked: ClassVar[bool]

@@ -15,6 +15,7 @@ option                        default    meaning
 ``opset``                     ``17``     ONNX opset (13..20), ONNX and TensorRT only
 ``simplify``                  ``False``  run onnxslim on the graph (extra ``onnx-simplify``)
 ``nms``                       ``False``  embed NMS: outputs ``detections``, ``num_detections``
+``e2e``                       ``False``  uint8 RGB input, normalisation (+ NMS) inside the graph
 ``device``                    model's    ``cpu`` or ``cuda[:i]`` to trace on
 ``output``                    see below  artifact path (or an existing folder)
 ``name``                      ``None``   file name in the default folder (instead of output)

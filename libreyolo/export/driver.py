@@ -25,7 +25,8 @@ from libreyolo.export.base import (
     default_output,  # noqa: F401 - exporters of other formats import it from here
     get_exporter,
 )
-from libreyolo.export.formats import SCOPED_OPTIONS, foreign_options, int8_formats
+from libreyolo.export.e2e import input_normalization
+from libreyolo.export.formats import FORMAT_TABLE, SCOPED_OPTIONS, foreign_options, int8_formats
 from libreyolo.export.metadata import (
     METADATA_VERSION,
     sha256_file,
@@ -64,6 +65,13 @@ def _options(model: Any, exporter: Exporter, checked: dict[str, Any]) -> ExportO
         raise ArgumentError(f"format={fmt} needs a dynamic batch axis (its server batches requests along it), but "
                             f"family {model.family.name} declares static shapes; export format=onnx instead")
     exporter.check_family(model.family)
+    e2e = checked["e2e"]
+    if e2e and not exporter.e2e_input:
+        able = ", ".join(f.name for f in FORMAT_TABLE if f.e2e_input)
+        raise ArgumentError(f"e2e=True (uint8 input, preprocessing inside) is not supported for format={fmt}; "
+                            f"formats with end-to-end artifacts: {able}")
+    if e2e and (nms is None or nms is False) and contract.nms_input is not None:
+        nms = True  # a dense detector's end-to-end artifact has NMS inside
     nms_params = None
     if nms is not None and nms is not False:
         if contract.nms_free is not None:
@@ -99,6 +107,9 @@ def _options(model: Any, exporter: Exporter, checked: dict[str, Any]) -> ExportO
             raise ArgumentError(f"{why}int8=True needs data=: a dataset (YAML, or a classification folder) whose "
                                 "train split calibrates the activations and whose val split gates the accuracy"
                                 + ("; or export the float model: model.dequantize().export(...)" if why else ""))
+    if e2e and (half or int8):
+        raise ArgumentError(f"e2e=True and {'half' if half else 'int8'}=True cannot be combined yet (the "
+                            "end-to-end artifact is float32 inside); export one of them")
     if half and exporter.half == "no":
         raise ArgumentError(f"half=True is not supported for format={fmt}; export in float32")
     if half and exporter.half == "cuda" and dev.type != "cuda":
@@ -114,12 +125,15 @@ def _options(model: Any, exporter: Exporter, checked: dict[str, Any]) -> ExportO
                          data=None if data is None else str(data),
                          max_drop=0.02 if max_drop is None else float(max_drop),
                          format_options={k: v for k, v in own.items() if k not in fields and v is not None},
+                         e2e=input_normalization(model.family, imgsz) if e2e else None,
                          **{k: v for k, v in own.items() if k in fields})
     exporter.check(opts)
     return opts
 
 
 def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: ExportModule) -> dict[str, Any]:
+    from libreyolo.export import e2e
+
     family, contract = model.family, model.family.export
     box = family.letterbox(opts.imgsz)
     source = getattr(model, "source", None)
@@ -134,10 +148,11 @@ def _metadata(model: Any, exporter: Exporter, opts: ExportOptions, module: Expor
         "size": model.size, "task": family.task, "nc": model.nc, "names": {str(k): v for k, v in model.names.items()},
         "imgsz": opts.imgsz, "batch": opts.batch, "stride": family.stride,
         "input_name": contract.input_name, "output_names": list(module.output_names()),
-        "input_dtype": "float16" if opts.half and exporter.half == "cuda" else "float32",
+        "input_dtype": e2e.PIXEL_DTYPE if opts.e2e else ("float16" if opts.half and exporter.half == "cuda"
+                                                         else "float32"),
         # network input = (8-bit pixel * scale - mean) / std, per channel in ``color`` order
-        "normalization": {"layout": contract.input_layout, "color": contract.input_color,
-                          "scale": contract.input_scale, **box.normalization()},
+        "normalization": input_normalization(family, opts.imgsz),
+        **({"e2e": e2e.describe(opts.e2e, opts.nms is not None)} if opts.e2e else {}),
         "letterbox": box.describe(),  # the preprocessing (letterbox, resize + crop, ...), checked by runtimes
         "precision": opts.precision, "dynamic_axes": axes, "nms": opts.nms,
         "export_args": opts.as_metadata(), "versions": toolchain_versions(*exporter.toolchain),
@@ -213,7 +228,9 @@ def export(model: Any, format: str = "onnx", **options: Any) -> ExportReport:  #
     declaration (an unknown name is an :class:`~libreyolo.errors.ArgumentError`); a format-scoped one
     (``opset``, ``workspace``, ``autotune``, Triton's config) is refused by formats whose row lacks it.
     ``imgsz`` defaults to the model's. ``nms=True`` (or a dict of ``topk``, ``iterations``, ``iou``, ``conf``,
-    ``max_det``) embeds NMS. ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
+    ``max_det``) embeds NMS. ``e2e=True`` writes an end-to-end artifact: uint8 RGB NCHW pixels in, the
+    family's colour order and normalisation (and NMS, for dense detectors) inside (:mod:`libreyolo.export.e2e`).
+    ``int8=True`` with ``data=`` writes an INT8 artifact (quantize()'s scales, calibrated
     on data's train split), validated against the quantized eager model and refused when its
     accuracy on data's val split drops by more than ``max_drop`` (default 0.02;
     :mod:`libreyolo.export.int8`). ``validate=False`` skips the comparison with eager (with a loud warning);
@@ -257,9 +274,11 @@ def export(model: Any, format: str = "onnx", **options: Any) -> ExportReport:  #
     else:
         net = copy.deepcopy(opts.calibration.float_model.net if opts.int8 else model.net).to(opts.device).eval()
     net = net.half() if opts.half and exporter.half == "cuda" else net.float()
-    module = ExportModule(net, model.family, opts.nms, nc=model.nc).to(opts.device).eval()
+    module = ExportModule(net, model.family, opts.nms, nc=model.nc, e2e=opts.e2e).to(opts.device).eval()
     dtype = torch.float16 if opts.half and exporter.half == "cuda" else torch.float32
     example = torch.full((opts.batch, 3, opts.imgsz, opts.imgsz), 0.5, dtype=dtype, device=opts.device)
+    if opts.e2e:  # 8-bit pixels (mid grey)
+        example = torch.full((opts.batch, 3, opts.imgsz, opts.imgsz), 128, dtype=torch.uint8, device=opts.device)
     with TempGuard() as guard:  # SIGTERM during the export removes the work folder too
         work = guard.add(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=exporter.work_parent(final)))
         try:

@@ -62,6 +62,9 @@ class Format:
     # graph is exported and the format's toolchain quantizes it from the calibration data
     int8: str = "no"
     embedded_nms: bool = False         # nms=True puts NMS inside the graph
+    # e2e=True: the artifact takes uint8 pixels and normalises inside (libreyolo.export.e2e); formats whose
+    # runtime feeds an integer input and that were validated with it
+    e2e_input: bool = False
     options: tuple[OptionGroup, ...] = ()  # format-scoped options it takes; every other format refuses them
     # the largest tensor rank (batch included) the converter maps, None: no limit; families whose
     # ExportContract.tensor_rank exceeds it are refused with ``rank_limit`` as the reason
@@ -78,7 +81,7 @@ class Format:
 
 FORMAT_TABLE: tuple[Format, ...] = (
     Format("onnx", ".onnx", "onnx", "onnx", "onnx", "ONNX (ONNX Runtime)", dynamic_batch=True, half="cuda",
-           int8="qdq", embedded_nms=True, options=(ONNX_GRAPH,)),
+           int8="qdq", embedded_nms=True, e2e_input=True, options=(ONNX_GRAPH,)),
     # int8: PT2E + XNNPACKQuantizer, calibrated on the INT8 plan's images
     Format("executorch", ".pte", "executorch", "executorch", "executorch", "ExecuTorch program (XNNPACK)",
            aliases=("pte",), int8="own", traced_on_cpu=True),
@@ -117,7 +120,7 @@ FORMAT_TABLE: tuple[Format, ...] = (
     # computed at the validated precision (f32); int8: NNCF on the float IR, calibrated on the INT8 plan's images
     Format("openvino", "_openvino_model", "openvino", "openvino", "openvino",
            "an OpenVINO IR folder <stem>_openvino_model", aliases=("ov",), directory=True, dynamic_batch=True,
-           half="any", int8="own", embedded_nms=True, options=(ONNX_GRAPH,), traced_on_cpu=True),
+           half="any", int8="own", embedded_nms=True, e2e_input=True, options=(ONNX_GRAPH,), traced_on_cpu=True),
 )
 
 FORMATS: tuple[str, ...] = tuple(f.name for f in FORMAT_TABLE)
@@ -198,7 +201,7 @@ def capabilities(f: Format) -> list[str]:
     int8 = {"qdq": "INT8 (Q/DQ graph)", "own": "INT8 (toolchain)"}
     return [*(["dynamic batch" + (" and size" if f.dynamic_spatial else "")] if f.dynamic_batch else []),
             *([half[f.half]] if f.half in half else []), *([int8[f.int8]] if f.int8 in int8 else []),
-            *(["NMS inside"] if f.embedded_nms else []),
+            *(["NMS inside"] if f.embedded_nms else []), *(["end-to-end uint8 input"] if f.e2e_input else []),
             *([f"tensors of rank <= {f.max_tensor_rank}"] if f.max_tensor_rank is not None else [])]
 
 

@@ -50,6 +50,7 @@ FIELDS: dict[str, type] = {
     "validation": dict,
     "quantization": dict,
     "runtime_config": dict,
+    "e2e": dict,
     "content_sha256": str,
     "metadata_sha256": str,
 }

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.export.e2e import E2EInput
 from libreyolo.export.nms import OUTPUT_AXES as NMS_AXES
 from libreyolo.export.nms import OUTPUT_NAMES as NMS_NAMES
 from libreyolo.export.nms import EmbeddedNMS
@@ -16,10 +17,13 @@ class ExportModule(nn.Module):
     """``images -> tuple of outputs`` exactly as named by :meth:`output_names`."""
 
     def __init__(self, net: nn.Module, family: Family, nms: dict[str, Any] | None = None,
-                 nc: int | None = None) -> None:
+                 nc: int | None = None, e2e: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.net = net
+        # end-to-end: uint8 RGB pixels in, the family's normalisation first (libreyolo.export.e2e)
+        self.pixels = E2EInput(e2e) if e2e is not None else None
         self.family = family
+        self.nc = nc
         self.nms = None
         if nms is not None:
             params = {k: v for k, v in nms.items() if k in ("topk", "iterations", "iou", "conf", "max_det")}
@@ -39,7 +43,15 @@ class ExportModule(nn.Module):
         return {name: {int(a): n for a, n in axes.get(name, {}).items() if dynamic_spatial or n == "batch"}
                 for name in self.output_names()}
 
+    def fixed_output_dims(self) -> dict[str, dict[int, int]]:
+        """Output sizes the contract fixes whatever the input size: the class axis (``nc + offset``)."""
+        if self.nms is not None or self.nc is None:
+            return {}
+        return {out: {axis: int(self.nc) + offset} for out, (axis, offset) in self.contract.class_axes.items()}
+
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.pixels is not None:
+            images = self.pixels(images)
         outputs = self.family.export_outputs(self.net(images))
         if self.nms is None:
             return tuple(outputs)

@@ -54,6 +54,11 @@ def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, opts
         except Exception as exc:
             raise ExportError(f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
     model = onnx.load(str(path))
+    from libreyolo.export.onnx_fold import fix_output_dims, fold_static_shapes
+
+    if not opts.dynamic:  # shape arithmetic of a static graph is constant: folded for every reader
+        fold_static_shapes(model)
+    fix_output_dims(model, module.fixed_output_dims())
     if opts.simplify:
         slim = require("onnxslim", "onnx-simplify", "simplify=True (ONNX graph simplification)")
         model = slim.slim(model)

@@ -207,7 +207,8 @@ class OpenVINOExporter(Exporter, format="openvino"):
               work: Path) -> None:
         ov = _ov()
         onnx_path = work / "source.onnx"
-        export_onnx(module, example.float(), onnx_path, replace(opts, half=False))
+        # the IR is float32 inside; an end-to-end graph keeps its uint8 pixel input
+        export_onnx(module, example if opts.e2e else example.float(), onnx_path, replace(opts, half=False))
         try:
             model = ov.convert_model(str(onnx_path))
         except Exception as exc:

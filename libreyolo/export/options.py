@@ -65,6 +65,8 @@ EXPORT_OPTIONS: dict[str, Opt] = {
     "opset": Opt(int, None, "ONNX opset (default 17)", min=ONNX_OPSETS[0], max=ONNX_OPSETS[1]),
     "simplify": Opt(as_bool, False, "simplify the ONNX graph (needs libreyolo[onnx-simplify])", True),
     "nms": Opt(as_nms, False, "embed NMS in the exported graph", True),
+    "e2e": Opt(as_bool, False, "end-to-end artifact: uint8 RGB NCHW pixels in; the family's colour order and "
+               "normalisation (and NMS, for dense detectors) inside the graph (libreyolo.export.e2e)", True),
     "device": Opt(as_device, None, "device used for export: cpu, cuda, cuda:N"),
     "output": Opt(str, None, "artifact path (or an existing folder); triton: the model repository folder"),
     "name": Opt(str, None, "file name in the default folder (instead of output); triton: the model name"),

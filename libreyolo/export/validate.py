@@ -166,7 +166,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     contract = family.export
     if runtime is None:
         runtime = importlib.import_module(f"libreyolo.runtimes.{exporter.runtime}").load(path, device=opts.device)
-    reference = ExportModule(model.net, family, opts.nms, nc=model.nc)
+    reference = ExportModule(model.net, family, opts.nms, nc=model.nc)  # on the network's float input
     min_cos = contract.cosine_floor(exporter.name, opts.precision, opts.device.type)
     # an INT8 artifact's boxes carry the flips of quantization codes, as the quantized eager model's own
     # float32 run does against float64: detections then match at the fp16 bar
@@ -193,6 +193,13 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         if opts.dynamic_spatial:
             h = max(2 * family.stride, opts.imgsz - 2 * family.stride)
             batches.append(([f"{h}x{opts.imgsz}"], probe_images(opts.imgsz, height=h, seed=1)["uniform"]))
+    if opts.e2e is not None:
+        # an end-to-end artifact takes 8-bit pixels: every probe is rounded to what pixels give, eager runs
+        # it as the float input, the artifact as the pixels (the runtime's to_pixels of the same batch)
+        from libreyolo.export.e2e import quantize_input
+
+        batches = [(picks, quantize_input(x, opts.e2e)) for picks, x in batches]
+        sample = quantize_input(sample, opts.e2e)
 
     try:
         net64 = float64_copy(model.net)
@@ -348,6 +355,12 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     if judged and opts.precision != "fp16":
         report.checks += distribution_checks(groups, judged, bars)
     _check_preprocessing(model, runtime, opts, report)
+    if opts.e2e is not None:  # the declaration the graph applies, against the family's own preprocessing
+        from libreyolo.export.e2e import check_declaration
+
+        report.checks.append(check_declaration(family, opts.imgsz, opts.e2e))
+        report.notes.append("end-to-end artifact: fed uint8 RGB pixels (every probe rounded to 8 bit, eager fed the "
+                            "same pixels through the family's normalisation)")
     # the sample image through the artifact's complete predict(); the eager side is the same
     # letterbox + network + postprocess that eager predict() runs, computed above
     from libreyolo.assets import SAMPLE_IMAGE

@@ -67,6 +67,9 @@ class ArtifactPredictor(Predictor):
         self.dynamic_batch = "0" in axes.get(self.input_name, {})
         self.dynamic_spatial = "2" in axes.get(self.input_name, {})
         self.dtype = torch.float16 if meta["input_dtype"] == "float16" else torch.float32
+        # end-to-end (libreyolo.export.e2e): the graph takes uint8 RGB pixels and normalises inside; the
+        # family's preprocessing runs as for any artifact and its batch is turned back into those pixels
+        self.e2e = (meta.get("e2e") or {}).get("inside")
         # the artifact was validated with the preprocessing recorded in it; predict() uses the
         # family's current one, so the two must agree (as JSON, the way the metadata stores it)
         current = json.loads(json.dumps(family.letterbox(self.imgsz).describe()))
@@ -142,7 +145,12 @@ class ArtifactPredictor(Predictor):
         if not self.dynamic_spatial and (h, w) != (self.imgsz, self.imgsz):
             raise ArgumentError(f"this {self.format} model was exported for imgsz={self.imgsz} (static shape); "
                                 f"got {h}x{w}: predict with imgsz={self.imgsz} or re-export with that size")
-        batch = batch.to(self.dtype).contiguous()
+        if self.e2e is not None:
+            from libreyolo.export.e2e import to_pixels
+
+            batch = to_pixels(batch, self.e2e).contiguous()
+        else:
+            batch = batch.to(self.dtype).contiguous()
         n = int(batch.shape[0])
         if self.dynamic_batch or n == self.batch:
             outs = self._run(batch)
@@ -197,8 +205,20 @@ def check_metadata(meta: dict[str, Any], where: str) -> tuple[Family, int, dict[
     outputs = meta["output_names"]
     if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str) and o for o in outputs):
         raise _fail(where, f"'output_names' must be a list of output names, got {outputs!r}")
-    if meta["input_dtype"] not in ("float32", "float16"):
-        raise _fail(where, f"'input_dtype' is {meta['input_dtype']!r}; expected 'float32' or 'float16'")
+    if meta["input_dtype"] not in ("float32", "float16", "uint8"):
+        raise _fail(where, f"'input_dtype' is {meta['input_dtype']!r}; expected 'float32', 'float16' or 'uint8'")
+    e2e = meta.get("e2e")
+    if (meta["input_dtype"] == "uint8") != bool(e2e):
+        raise _fail(where, f"'input_dtype' is {meta['input_dtype']!r} but 'e2e' is {e2e!r}: a uint8 input is an "
+                           "end-to-end artifact's, which records its normalisation under 'e2e'")
+    if e2e:
+        inside = e2e.get("inside") if isinstance(e2e, dict) else None
+        if (not isinstance(inside, dict) or inside.get("color") not in ("RGB", "BGR")
+                or not all(isinstance(inside.get(k), list) and len(inside[k]) == 3 for k in ("mean", "std"))
+                or not isinstance(inside.get("scale"), (int, float)) or inside["scale"] <= 0
+                or min(inside["std"]) <= 0):
+            raise _fail(where, "'e2e' must record the colour order, scale, mean and std applied inside, "
+                               f"got {e2e!r:.80}")
     for key in ("letterbox", "dynamic_axes"):
         if not isinstance(meta[key], dict):
             raise _fail(where, f"'{key}' must be a mapping, got {type(meta[key]).__name__}")

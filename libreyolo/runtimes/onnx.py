@@ -68,7 +68,7 @@ class OnnxPredictor(ArtifactPredictor):
 
     def _run_bound(self, batch: torch.Tensor) -> list[torch.Tensor]:
         binding = self.session.io_binding()
-        elem = np.float16 if batch.dtype == torch.float16 else np.float32
+        elem = {torch.float16: np.float16, torch.uint8: np.uint8}.get(batch.dtype, np.float32)
         binding.bind_input(self.input_name, "cuda", batch.device.index or 0, elem, tuple(batch.shape),
                            batch.data_ptr())
         for name in self.output_names:
@@ -92,7 +92,7 @@ def _shapes(values: Any) -> dict[str, tuple]:
     return out
 
 
-_ONNX_FLOATS = {1: "float32", 10: "float16"}  # TensorProto.DataType
+_ONNX_FLOATS = {1: "float32", 10: "float16", 2: "uint8"}  # TensorProto.DataType
 
 
 def _check_input_dtype(meta: dict[str, Any], inputs: list, where: str) -> None:
