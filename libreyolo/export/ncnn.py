@@ -42,6 +42,18 @@ def param_layers(path: str | Path) -> list[tuple[str, str, list[str], list[str],
     return layers
 
 
+def unknown_layers(path: str | Path) -> dict[str, int]:
+    """Layer types of a ``.param`` file that this ncnn build has no layer for (pnnx writes an operator it
+    cannot map under its torch name, e.g. ``torch.topk``), with their counts; empty when every layer loads."""
+    import ncnn
+
+    counts: dict[str, int] = {}
+    for kind, *_ in param_layers(path):
+        if ncnn.layer_to_index(kind) < 0:
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def run_pnnx(traced: Path, example: torch.Tensor, out: Path, work: Path) -> None:
     """Convert a saved TorchScript module with pnnx's executable; NCNN files go to ``out``."""
     pnnx = require("pnnx", EXTRA, "NCNN export")
@@ -92,6 +104,11 @@ class NcnnExporter(Exporter, format="ncnn"):
         traced.save(str(saved))
         path.mkdir()
         run_pnnx(saved, example, path, work)
+        missing = unknown_layers(path / PARAM)
+        if missing:
+            ops = ", ".join(f"{kind} x{n}" for kind, n in sorted(missing.items()))
+            raise ExportError(f"NCNN has no layer for operators of this network ({ops}): pnnx left them "
+                              "unconverted and ncnn cannot load the model; export another format (onnx, openvino)")
         outputs = [o for layer in param_layers(path / PARAM) for o in layer[3] if re.fullmatch(r"out\d+", o)]
         expected = [f"out{i}" for i in range(len(module.output_names()))]
         if sorted(outputs) != expected:

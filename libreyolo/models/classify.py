@@ -25,7 +25,7 @@ from libreyolo.ops.classify import IMAGENET_MEAN, IMAGENET_STD, ResizeCrop, clas
 from libreyolo.ops.letterbox import LetterboxMeta
 
 CLASSIFY_EXPORT = ExportContract(
-    tensor_rank=5,  # attention's q/k/v split: (B, N, 3, heads, dim)
+    tensor_rank=4,  # ViT/DeiT split q/k/v on the channel axis: (B, heads, N, dim), nothing above rank 4
     input_name="images",
     image_input=False,  # normalised with a per-channel mean/std: a float tensor, not an 8-bit image
     output_names=("logits",),

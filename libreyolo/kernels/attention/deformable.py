@@ -10,8 +10,11 @@ L levels, P points per level):
 - result:              (B, Q, heads * C)
 
 Two extra layouts stay on the portable path:
-- `points_per_level=[P_0, P_1, ...]` with counts that differ between levels;
-  then locations are (B, Q, heads, sum(P_l), 2) and weights (B, Q, heads, sum(P_l)).
+- `points_per_level=[P_0, P_1, ...]` (counts that may differ between levels);
+  then locations are (B, Q, heads, sum(P_l), 2) or, rank 4, (B, Q, heads, 2 * sum(P_l))
+  (the same values, (x, y) pairs level by level), and weights (B, Q, heads, sum(P_l)).
+  The portable path builds no tensor above rank 4 from these (NCNN's limit), so a layer
+  that passes the rank-4 layout exports to NCNN.
 - `discrete=True`: nearest-pixel sampling by integer index (D-FINE's
   "discrete" method) instead of bilinear interpolation.
 
@@ -82,7 +85,8 @@ def _flat_layout(
     levels: int,
     points_per_level: Sequence[int] | None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Locations as (B, Q, heads, sum P, 2), weights as (B, Q, heads, sum P), points per level."""
+    """Locations as (B, Q, heads, 2 * sum P) ((x, y) pairs level by level), weights as (B, Q, heads, sum P),
+    points per level."""
     batch, _, heads, _ = value.shape
     if points_per_level is None:
         if sampling_locations.dim() != 6 or sampling_locations.shape[3] != levels:
@@ -113,7 +117,7 @@ def _flat_layout(
             f"attention_weights {tuple(attention_weights.shape)} must be (B={batch}, Q={queries}, "
             f"heads={heads}, ...) holding {total} weights per head"
         )
-    locs = sampling_locations.reshape(batch, queries, heads, total, 2)
+    locs = sampling_locations.reshape(batch, queries, heads, total * 2)
     weights = attention_weights.reshape(batch, queries, heads, total)
     return locs, weights, points
 
@@ -158,9 +162,9 @@ def ms_deform_attn_portable(
     per_head = batch * heads
     sampled = []
     for (height, width), value_l, locs_l, count in zip(
-        shapes, value.split(sizes, dim=1), locs.split(points, dim=3), points, strict=True
+        shapes, value.split(sizes, dim=1), locs.split([2 * p for p in points], dim=3), points, strict=True
     ):
-        # (B, HW, heads, C) -> (B*heads, C, H, W); (B, Q, heads, p, 2) -> (B*heads, Q, p, 2)
+        # (B, HW, heads, C) -> (B*heads, C, H, W); (B, Q, heads, 2p) -> (B*heads, Q, p, 2)
         value_l = value_l.flatten(2).transpose(1, 2).reshape(per_head, channels, height, width)
         locs_l = locs_l.transpose(1, 2).reshape(per_head, queries, count, 2)
         if discrete:

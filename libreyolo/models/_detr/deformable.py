@@ -43,11 +43,14 @@ class PointsDeformableAttention(nn.Module):
         ``value`` (B, S, heads, C / heads)."""
         b, q = query.shape[:2]
         total = sum(self.points)
-        offsets = self.sampling_offsets(query).reshape(b, q, self.heads, total, 2)
+        # no tensor above rank 4 (NCNN holds 4 axes): offsets (B*Q, heads, sum P, 2) around each query's box
+        # (B*Q, 1, 1, 4); locations handed over as (B, Q, heads, sum P * 2), weights (B, Q, heads, sum P)
+        offsets = self.sampling_offsets(query).reshape(b * q, self.heads, total, 2)
         weights = F.softmax(self.attention_weights(query).reshape(b, q, self.heads, total), dim=-1)
         scale = self.num_points_scale.to(dtype=query.dtype).unsqueeze(-1)
-        offset = offsets * scale * reference[:, :, None, :, 2:] * self.offset_scale
-        locations = reference[:, :, None, :, :2] + offset
+        ref = reference.reshape(b * q, 1, 1, 4)
+        offset = offsets * scale * ref[..., 2:] * self.offset_scale
+        locations = (ref[..., :2] + offset).reshape(b, q, self.heads, total * 2)
         return ms_deform_attn(value, shapes, locations, weights, points_per_level=self.points)
 
 
@@ -83,9 +86,12 @@ class MSDeformableAttention(nn.Module):
         """``query`` (B, Q, C); ``reference`` (B, Q, 1, 4) boxes (cx, cy, w, h) in [0, 1]; ``value`` (B, S, C)."""
         b, q = query.shape[:2]
         value = self.value_proj(value).reshape(b, value.shape[1], self.heads, self.dim // self.heads)
-        offsets = self.sampling_offsets(query).reshape(b, q, self.heads, self.levels, self.points, 2)
-        weights = self.attention_weights(query).reshape(b, q, self.heads, self.levels * self.points)
-        weights = F.softmax(weights, dim=-1).reshape(b, q, self.heads, self.levels, self.points)
-        ref = reference[:, :, None, :, None]
+        # the flat layout, no tensor above rank 4 (NCNN holds 4 axes): offsets (B*Q, heads*L*P, 2) around
+        # each query's box (B*Q, 1, 4); locations handed over as (B, Q, heads, L*P*2), weights (B, Q, heads, L*P)
+        offsets = self.sampling_offsets(query).reshape(b * q, self.heads * self.levels * self.points, 2)
+        weights = F.softmax(self.attention_weights(query).reshape(b, q, self.heads, self.levels * self.points), dim=-1)
+        ref = reference.reshape(b * q, 1, 4)
         locations = ref[..., :2] + offsets / self.points * ref[..., 2:] * 0.5
-        return self.output_proj(ms_deform_attn(value, shapes, locations, weights))
+        locations = locations.reshape(b, q, self.heads, self.levels * self.points * 2)
+        return self.output_proj(ms_deform_attn(value, shapes, locations, weights,
+                                               points_per_level=(self.points,) * self.levels))

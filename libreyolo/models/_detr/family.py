@@ -25,7 +25,7 @@ _DEVICE_POSTPROCESS = SetPostprocess("pred_logits", "pred_boxes")
 # plus a relative 1e-5, and float16 ones (TensorRT) to a looser bound: decoders drift in fp16
 # (docs/export.md)
 DETR_EXPORT = ExportContract(
-    tensor_rank=6,  # deformable attention's sampling grids (B, queries, heads, levels, points, 2)
+    tensor_rank=4,  # deformable sampling in the flat layout: (B, queries, heads, 2 * points) (NCNN holds 4 axes)
     input_name="images",
     output_names=("pred_logits", "pred_boxes"),
     output_axes={"pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}},
@@ -88,6 +88,7 @@ class SetDetectFamily(Family):
 # the LW-DETR line (lwdetr, rfdetr): the same outputs and postprocessing, other module names; the
 # query selection scores the first encoder class head
 LW_EXPORT = replace(DETR_EXPORT, image_input=False,  # ImageNet mean/std follow the resize
+                    tensor_rank=6,  # LW-DETR's ViT window partition (rfdetr declares its own)
                     selection="transformer.enc_out_class_embed.0")
 LW_QUANT_EXCLUDE = ("class_embed", "bbox_embed.*", "transformer.enc_out_class_embed.*",
                     "transformer.enc_out_bbox_embed.*", "transformer.decoder.layers.*.cross_attn.attention_weights",

@@ -37,7 +37,7 @@ class DEIMv2Family(SetDetectFamily):
     quant_exclude = DFINEFamily.quant_exclude
     infinite_ok_keys = ("decoder.anchors",)  # checkpoints converted from upstream may mark invalid anchors inf
     training_items = DFINEFamily.training_items  # D-FINE's loss terms, FGL included
-    export = DFINEFamily.export  # D-FINE's decoder: its deformable sampling keeps to rank 5 (NCNN's limit is 4)
+    export = DFINEFamily.export  # D-FINE's decoder and contract (its ViT attention keeps to rank 4 too)
     SUPPORTS_CUDA_GRAPH = False
     SUPPORTS_PIPELINE_GRAPH = False
 

@@ -5,8 +5,6 @@ The export contract, training recipe and hooks and the postprocessing are the DE
 the INT8 exclusions and its fine-grained localisation term to the training items."""
 from __future__ import annotations
 
-import dataclasses
-
 from torch import nn
 
 from libreyolo.models._detr.family import DETR_EXPORT, DETR_QUANT_EXCLUDE, SetDetectFamily
@@ -25,7 +23,7 @@ class DFINEFamily(SetDetectFamily):
     filename_pattern = r"LibreDFINE(?P<size>[nsmlx])"
     # also kept in float: the pre-decoder box head and the localisation-quality layers
     quant_exclude = (*DETR_QUANT_EXCLUDE, "decoder.pre_bbox_head.*", "decoder.decoder.lqe_layers.*")
-    export = dataclasses.replace(DETR_EXPORT, tensor_rank=5)  # its deformable sampling keeps to rank 5
+    export = DETR_EXPORT  # its deformable sampling keeps to rank 4, as RT-DETR's
     infinite_ok_keys = ("decoder.anchors",)  # invalid anchors are +inf in reference checkpoints
     training_items = ("vfl_loss", "l1_loss", "giou_loss", "fgl_loss")
     SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-*parity*)

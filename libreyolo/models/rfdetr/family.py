@@ -27,7 +27,8 @@ class RFDETRFamily(LWDetectFamily):
     default_imgsz = SIZES["s"].resolution
     stride = PATCH * WINDOWS  # input sides: whole windows of whole patches
     filename_pattern = r"LibreRFDETR(?P<size>[nsml])"
-    export = replace(LW_EXPORT, class_axes={"pred_logits": (2, 1)})  # nc + 1 logits
+    # nc + 1 logits; rank 5: DINOv2's q/k/v split (B, N, 3, heads, d) (no window partition, unlike lwdetr)
+    export = replace(LW_EXPORT, class_axes={"pred_logits": (2, 1)}, tensor_rank=5)
     resize_method = "float-bilinear"
     SUPPORTS_CUDA_GRAPH = False  # not through the GPU parity harness yet
     training = "libreyolo.train.loss.detr:IaBceLoss"  # Group-DETR, IA-BCE + L1 + GIoU

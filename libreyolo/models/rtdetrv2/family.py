@@ -2,8 +2,6 @@
 with the v2 network (:mod:`libreyolo.models.rtdetrv2.network`)."""
 from __future__ import annotations
 
-import dataclasses
-
 from torch import nn
 
 from libreyolo.models.registry import register_family
@@ -18,8 +16,6 @@ class RTDETRv2Family(RTDETRFamily):
     default_size = "r18"
     filename_pattern = r"LibreRTDETRv2-?(?P<size>r18|r34|r50m|r50|r101)"
     infinite_ok_keys = ("decoder.anchors",)  # invalid anchors are +inf in reference checkpoints
-    # the v2 decoder's per-level-points sampling keeps to rank 5 (v1's grids are rank 6; NCNN takes 4)
-    export = dataclasses.replace(RTDETRFamily.export, tensor_rank=5)
     SUPPORTS_CUDA_GRAPH = True  # H200 parity matrix, every size and check (bench/results/2026-12-07-graph-parity-new-*)
     SUPPORTS_PIPELINE_GRAPH = True  # the pipeline rows of the same matrix passed for every size
 

@@ -62,7 +62,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        # q, k and v are thirds of the channel axis, each (B, N, heads, d) -> (B, heads, N, d): views of the
+        # same values a (B, N, 3, heads, d) split gives, with no tensor above rank 4 (NCNN holds 4 axes)
+        q, k, v = (t.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
         if rope is not None:
             q, k = apply_rope(q, k, rope)
         x = attention(q, k, v, scale=self.scale, fused=self.fused_attn)
