@@ -104,15 +104,15 @@ FORMAT_TABLE: tuple[Format, ...] = (
     Format("triton", "", "triton", "triton", "onnx", "a Triton Inference Server model folder",
            directory=True, loads_by_suffix=False, dynamic_batch=True, batch_axis_dynamic=True, half="cuda",
            embedded_nms=True, options=(ONNX_GRAPH, TRITON_CONFIG), benchmarked=False),
-    # NCNN's Mat holds at most 4 axes; pnnx maps a batch-1 tensor to it by dropping the batch axis, so
-    # rank 5 works only while the batch axis stays first. Measured with pnnx 20261020: ViT's q/k/v split
-    # (rank 5, permuted batch) is dropped ("ignore Tensor.reshape ... shape=(3,1,3,197,64)") and the
-    # param file does not load; RT-DETR's deformable sampling fails ("binaryop tensor0 with rank 6 is
-    # not supported yet", "reshape: target exceeds ncnn physical rank")
+    # NCNN's Mat holds at most 4 axes; pnnx maps a batch-1 tensor to it by dropping the batch axis. Measured with
+    # pnnx 20261020: a rank-5 q/k/v split with a permuted batch axis was dropped and the param file did not load
+    # (ViT and the DETR deformable sampling now trace at rank 4); Swin's window partitions, LW-DETR's windows and
+    # RF-DETR's DINOv2 q/k/v stay above it. Operators NCNN has no layer for (the DETR query selection's topk and
+    # gather) are refused after conversion by the exporter, naming them
     Format("ncnn", "_ncnn_model", "ncnn", "ncnn", "ncnn", "an NCNN folder <stem>_ncnn_model", directory=True,
            traced_on_cpu=True, max_tensor_rank=4,
-           rank_limit="NCNN tensors hold at most 4 axes with the batch axis (pnnx cannot map q/k/v splits, window "
-                      "partitions or deformable sampling grids)"),
+           rank_limit="NCNN tensors hold at most 4 axes with the batch axis (pnnx cannot map this family's "
+                      "rank-5/6 window partitions or q/k/v splits)"),
     # half: fp16 weights, a post-conversion step on the flatbuffer, no GPU needed
     Format("tflite", ".tflite", "tflite", "tflite", "tflite", "LiteRT/TFLite flatbuffer", aliases=("litert",),
            half="any", traced_on_cpu=True),
