@@ -15,6 +15,8 @@ from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
 from libreyolo.engine.graphed import COMPILED, COMPILED_IN_GRAPH, GRAPHS_COMPILED, RUNNERS, ModelGraphs
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
 from libreyolo.engine.pipeline import PipelineGraphs
+from libreyolo.engine.plan import COMPILED as COMPILED_EXECUTOR
+from libreyolo.engine.plan import EAGER, CallPlan, PlanCache
 from libreyolo.engine.predictor import Predictor
 from libreyolo.engine.quantized import Quantizable
 from libreyolo.errors import ArgumentError
@@ -50,6 +52,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
                                               "last_invalidation": None}
         self._compile: bool | str = False  # LibreYOLO(..., compile=...) / compile(): off, True or a mode
         self._compile_totals: dict[str, Any] = {"retired": 0, "last_retired": None}
+        self._plans = PlanCache()  # the call plans of predict() & co (libreyolo.engine.plan)
         if device is not None:
             self.to(device)
 
@@ -63,7 +66,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
 
     # what a copy of the model rebuilds on first use instead of copying: the inference-copy cache (with
     # its CUDA graphs and compiled programs) and the pinned staging buffers hold device memory and locks
-    _RUNTIME_STATE = ("_inference", "_staging")
+    _RUNTIME_STATE = ("_inference", "_staging", "_plans")
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Model:
         """``copy.deepcopy(model)``: its own master weights, settings and quantization state; inference
@@ -75,6 +78,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
             if key in self._RUNTIME_STATE:
                 continue
             new.__dict__[key] = value if key == "_graph_backend" else copy.deepcopy(value, memo)
+        new._plans = PlanCache()
         return new
 
     # --- device and precision ----------------------------------------------------------------
@@ -133,6 +137,28 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
 
     def _prepare(self, device: torch.device | None, half: bool | None) -> None:
         self._call_settings(device, half)
+
+    # --- the call plan (libreyolo.engine.plan) -----------------------------------------------
+    def _plan_state(self) -> tuple:
+        return (*super()._plan_state(), self._half, self._compile)
+
+    def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
+        if graph:
+            return self._graph_executor(device)
+        return EAGER if self._compile is False else COMPILED_EXECUTOR
+
+    def _execute(self, batch: torch.Tensor, plan: CallPlan) -> dict[str, torch.Tensor]:
+        """The plan's executor on the inference copy for ``batch``'s device and dtype."""
+        copy = self._copies().get(batch.device, batch.dtype)
+        with copy.kernels().active():  # kernel slots resolved once per copy, not per layer call
+            if plan.graphed:  # the forward graph (also where a pipeline capture failed for this input)
+                with torch.inference_mode():
+                    return self._graph_runner(copy)(batch, plan.graph)
+            compiled = self._compiled(copy) if plan.executor == COMPILED_EXECUTOR else None
+            with torch.inference_mode():
+                if compiled is not None:
+                    return compiled(batch)
+                return self.family.named_outputs(copy.module(batch))
 
     # --- inference copies (docs/inference.md) ----------------------------------------------
     def _copies(self) -> InferenceCopies:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from libreyolo.engine.pipeline import PipelineGraphs
+from libreyolo.engine.plan import RUNTIME
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.export.aoti import pt2_content_sha256, read_build_info, read_metadata_strings
 from libreyolo.export.metadata import check_integrity, decode
@@ -67,6 +68,9 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         return f"aotinductor (torch {torch.__version__}) [{self._device}]"
 
     # --- the call ----------------------------------------------------------------------------
+    def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
+        return self._graph_executor(device) if graph and self._graphable else RUNTIME
+
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
         if cuda_graph and self._graphable:
             self._require_graph_support()
