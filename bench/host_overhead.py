@@ -248,6 +248,7 @@ def main() -> None:
                            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                            "torch": torch.__version__, "python": platform.python_version(),
                            "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                           "load_avg_1_5_15": [round(v, 2) for v in os.getloadavg()],
                            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
                            "method": ("predict() host time, network stubbed (its real outputs returned at no cost)"
                                       if args.device == "cpu" else

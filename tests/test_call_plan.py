@@ -56,18 +56,23 @@ def test_a_plan_is_frozen_hashable_and_cached_per_options(model):
     assert again is plan and model.plan_info()["hits"] == before["hits"] + 1
     other = model.plan(imgsz=IMGSZ, conf=0.4)
     assert other != plan and hash(other) != hash(plan) and {plan: 1, other: 2}[model.plan(imgsz=IMGSZ, conf=0.3)] == 1
-    # the key keeps types apart: True is not 1, a list is not a tuple
+    # the key keeps types apart: conf=1 is a valid plan, conf=True is still refused after it
+    assert model.plan(imgsz=IMGSZ, conf=1).task_options.conf == 1.0
+    with pytest.raises(ArgumentError, match="got True"):
+        model.plan(imgsz=IMGSZ, conf=True)
+    listed = model.plan(imgsz=IMGSZ, classes=[0, 1])  # an unhashable value: the canonical key
+    assert model.plan(imgsz=IMGSZ, classes=[0, 1]) is listed and model.plan(imgsz=IMGSZ, classes=[0]) != listed
     assert freeze(True) != freeze(1) and freeze([1, 2]) != freeze((1, 2)) and freeze({"a": [1]}) == freeze({"a": [1]})
 
 
 def test_wrong_options_raise_every_time_and_are_never_cached(model):
-    n = len(model._plans)
+    n = model.plan_info()["plans"]
     for _ in range(2):
         with pytest.raises(ArgumentError):
             model.plan(imgsz=IMGSZ, conf=2.0)
         with pytest.raises(ArgumentError):
             model.plan(imgsz=IMGSZ, nonsense=1)
-    assert len(model._plans) == n
+    assert model.plan_info()["plans"] == n
 
 
 def test_the_executor_follows_the_model_settings(model, monkeypatch):
@@ -148,3 +153,33 @@ def test_the_cache_keeps_the_newest_plans():
     for n in (1, 2, 1, 3, 1):
         cache.get(n, make(n))
     assert made == [1, 2, 3, 1] and len(cache) == 2 and (cache.hits, cache.misses) == (1, 4)
+
+
+def test_the_model_declares_its_parts_and_calls_create_none(model):
+    """The facade's parts exist from construction (no attribute made behind its back by a call; mutation
+    tried: the staging pool made with ``__dict__.setdefault`` again adds ``_staging`` here)."""
+    fresh = seeded_model("yolo9", "t", device="cpu")
+    declared = set(vars(fresh))
+    assert {"_inference", "_calls", "_quant", "_train_graph", "_graph_backend", "_tracking"} <= declared
+    fresh.set_graph_backend(EmulatedGraphBackend())
+    fresh.predict(FRAME, imgsz=IMGSZ, batch=1)
+    fresh.predict([FRAME, FRAME], imgsz=IMGSZ, batch=2, cuda_graph=True, workers=1)
+    fresh.capture_graph(IMGSZ, batch=1)
+    fresh._staging_pool()
+    fresh.reset_tracks()
+    fresh.quant_info()
+    fresh.train_graph_info()
+    assert set(vars(fresh)) == declared
+
+
+def test_call_state_alone_and_in_a_copy():
+    import copy
+
+    from libreyolo.engine.predictor import CallState
+
+    state = CallState()
+    assert state.staging() is state.staging() and len(state.plans) == 0 and not state.frame_sightings
+    state.plans.get("k", lambda: "plan")
+    state.frame_sightings["frame"] = 2
+    other = copy.deepcopy(state)  # a copied model runs with its own plans and buffers
+    assert len(other.plans) == 0 and not other.frame_sightings and other.staging() is not state.staging()

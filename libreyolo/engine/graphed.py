@@ -61,7 +61,7 @@ class ModelGraphs:
         from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
 
         return GraphRunner(module, self._network(module) if network is None else network,
-                           backend=self.__dict__.get("_graph_backend"),
+                           backend=self._graph_backend,
                            max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
 
     def _graph_runners(self) -> list:

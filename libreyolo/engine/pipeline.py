@@ -11,7 +11,6 @@ parity harness proved it equal to the eager pipeline (docs/graphs.md).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +32,8 @@ _SIGHT_LOCK = threading.Lock()
 class PipelineGraphs:
     """``_infer_start`` as one graph replay where the family and device allow it (a mixin of :class:`Predictor`)."""
 
+    _graph_backend: Any = None  # None: real CUDA graphs (see set_graph_backend)
+
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Network]:
         """(graph runner, network callable) for ``batch``'s device and dtype."""
         raise NotImplementedError
@@ -40,7 +41,13 @@ class PipelineGraphs:
     def _active_graph_backend(self) -> Any:
         from libreyolo.graphs import CudaGraphBackend
 
-        return self.__dict__.get("_graph_backend") or CudaGraphBackend()
+        return self._graph_backend or CudaGraphBackend()
+
+    def set_graph_backend(self, backend: Any) -> None:
+        """Capture and replay graphs through ``backend`` (the parity harness, CPU tests:
+        :class:`~libreyolo.graphs.EmulatedGraphBackend`); None: real CUDA graphs. Set it before the
+        first graphed call: runners made before keep the backend they were made with."""
+        self._graph_backend = backend
 
     def _require_graph_support(self) -> None:
         if not self.family.SUPPORTS_CUDA_GRAPH:
@@ -101,7 +108,7 @@ class PipelineGraphs:
     def _frame_sighting(self, key: tuple, at_least: int = 0) -> int:
         """How many batches of this frame key were seen, this one included (at least ``at_least``)."""
         with _SIGHT_LOCK:
-            seen = self.__dict__.setdefault("_frame_sightings", OrderedDict())
+            seen = self._calls.frame_sightings
             count = max(seen.pop(key, 0) + 1, at_least)
             seen[key] = count
             while len(seen) > _FRAME_SIGHTINGS:

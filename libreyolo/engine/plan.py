@@ -31,12 +31,15 @@ import torch
 
 EAGER, COMPILED, GRAPHED, PIPELINE, RUNTIME = "eager", "compiled", "graphed", "pipeline", "runtime"
 EXECUTORS = (EAGER, COMPILED, GRAPHED, PIPELINE, RUNTIME)
+_SCALARS = frozenset({int, float, str, bool, type(None), torch.device, torch.dtype})
 PLANS_KEPT = 64  # plans cached per model (the oldest dropped first)
 
 
 def freeze(value: Any) -> Any:
     """``value`` as a hashable key that keeps types apart (``True`` and ``1``, ``"1"`` and ``1`` differ):
     mappings become sorted item tuples, sequences tuples, sets sorted tuples."""
+    if type(value) in _SCALARS:  # the usual option value: no ABC checks
+        return (type(value).__name__, value)
     if isinstance(value, Mapping):
         return ("map", tuple(sorted((str(k), freeze(v)) for k, v in value.items())))
     if isinstance(value, (list, tuple)):

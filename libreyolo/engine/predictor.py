@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -32,7 +33,31 @@ from libreyolo.utils.checks import check_forward_memory, resolve_device
 from libreyolo.utils.checks import check_stride_imgsz as check_imgsz  # noqa: F401 - its old home
 from libreyolo.utils.log import LOGGER, want_info
 
-_POOL_LOCK = threading.Lock()
+
+class CallState:
+    """What a predictor keeps between calls in order to run them (a part of the model, testable alone):
+    its call plans (:class:`~libreyolo.engine.plan.PlanCache`), its pinned staging buffers (made on
+    first use: pinned memory is allocated only where a CUDA upload needs it) and the frame sizes
+    seen (a size's letterbox goes inside the pipeline graph from its ``FRAMES_AFTER``-th batch).
+    A copy of a model starts with its own, empty."""
+
+    def __init__(self) -> None:
+        self.plans = PlanCache()
+        self.frame_sightings: OrderedDict[tuple, int] = OrderedDict()
+        self._staging: StagingPool | None = None
+        self._lock = threading.Lock()
+
+    def staging(self) -> StagingPool:
+        pool = self._staging
+        if pool is None:
+            with self._lock:
+                if self._staging is None:
+                    self._staging = StagingPool()
+                pool = self._staging
+        return pool
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CallState:
+        return CallState()
 
 
 class Predictor:
@@ -43,7 +68,8 @@ class Predictor:
     names: dict[int, str]
     imgsz: int
     default_batch: int = 16  # images decoded and run at once when predict() is given no ``batch``
-    _plans: PlanCache  # the call plans resolved so far (made by the subclass's __init__)
+    _calls: CallState  # plans, staging buffers (made by the subclass's __init__)
+    _tracking: Any = None  # the tracks that track(persist=True) keeps (libreyolo.track.tracking.Tracking)
 
     # --- to implement --------------------------------------------------------------------
     @property
@@ -156,8 +182,14 @@ class Predictor:
         they are declared and the executor chosen, once; the same options (and model settings)
         give the cached plan. ``predict()``, ``enqueue()``, the Batcher's requests,
         ``capture_graph()`` and ``val`` resolve their options here. ``options``: the task's own."""
-        key = freeze((imgsz, half, device, batch, cuda_graph, options, self._plan_state()))
-        return self._plans.get(key, lambda: self._resolve_plan(imgsz, half, device, batch, cuda_graph, options))
+        key = (imgsz, type(imgsz), half, type(half), device, batch, type(batch), cuda_graph, type(cuda_graph),
+               tuple((k, v, type(v)) for k, v in sorted(options.items())), self._plan_state())
+        try:
+            hash(key)
+        except TypeError:  # an option given as a list or a mapping: the slower canonical form
+            key = freeze(key)
+        return self._calls.plans.get(key, lambda: self._resolve_plan(imgsz, half, device, batch, cuda_graph,
+                                                                      options))
 
     def _resolve_plan(self, imgsz: Any, half: Any, device: Any, batch: Any, cuda_graph: Any,
                       options: dict[str, Any]) -> CallPlan:
@@ -177,7 +209,8 @@ class Predictor:
 
     def plan_info(self) -> dict[str, Any]:
         """How many plans are cached, and the cache's hits and misses (tests and benchmarks read it)."""
-        return {"plans": len(self._plans), "hits": self._plans.hits, "misses": self._plans.misses}
+        plans = self._calls.plans
+        return {"plans": len(plans), "hits": plans.hits, "misses": plans.misses}
 
     def predict(
         self,
@@ -263,7 +296,9 @@ class Predictor:
         call = {n: p.default for n, p in inspect.signature(Predictor.predict).parameters.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
         call.update({k: kwargs.pop(k) for k in list(kwargs) if k in call})
-        state = self.__dict__.setdefault("_tracking", Tracking())
+        if self._tracking is None:
+            self._tracking = Tracking()
+        state = self._tracking
         key = source_key(source)
 
         def wrap(run: Iterator[Results], sources: Sources) -> Iterator[Results]:
@@ -274,9 +309,8 @@ class Predictor:
 
     def reset_tracks(self) -> None:
         """Forget the tracks that :meth:`track` kept with ``persist=True`` (every source's)."""
-        state = self.__dict__.get("_tracking")
-        if state is not None:
-            state.reset()
+        if self._tracking is not None:
+            self._tracking.reset()
 
     def _predict_source(self, source: Any, options: dict[str, Any], call: dict[str, Any],
              wrap: Callable[[Iterator[Results], Sources], Iterator[Results]] | None = None
@@ -440,11 +474,7 @@ class Predictor:
 
     def _staging_pool(self) -> StagingPool:
         """This predictor's pinned staging buffers (made on first use, kept across calls)."""
-        pool = self.__dict__.get("_staging")
-        if pool is None:
-            with _POOL_LOCK:
-                pool = self.__dict__.setdefault("_staging", StagingPool())
-        return pool
+        return self._calls.staging()
 
     def _predict_chunk(self, chunk: list[SourceImage], t0: float, plan: CallPlan, *,
                        staged: StagedBatch | None = None) -> list[Results]:

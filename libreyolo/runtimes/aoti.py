@@ -94,7 +94,7 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         with self._runner_lock:
             if self._runner is None:  # a package has no weights to watch: an empty module stands for it
                 self._runner = GraphRunner(nn.Module(), self._network,
-                                           backend=self.__dict__.get("_graph_backend"))
+                                           backend=self._graph_backend)
             return self._runner
 
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:

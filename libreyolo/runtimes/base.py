@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from libreyolo.engine.plan import RUNTIME, PlanCache
-from libreyolo.engine.predictor import Predictor
+from libreyolo.engine.plan import RUNTIME
+from libreyolo.engine.predictor import CallState, Predictor
 from libreyolo.errors import ArgumentError, CheckpointError, LibreYOLOError
 from libreyolo.models.base import Family
 from libreyolo.models.registry import get_family
@@ -56,7 +56,7 @@ class ArtifactPredictor(Predictor):
 
     def __init__(self, path: str | Path, meta: dict[str, Any]) -> None:
         self.path = Path(path)
-        self._plans = PlanCache()  # the call plans of predict() (libreyolo.engine.plan)
+        self._calls = CallState()  # the call plans of predict() (libreyolo.engine.plan), staging buffers
         family, nc, names, imgsz, batch = check_metadata(meta, str(self.path))
         self.metadata = meta
         self.size = meta["size"]
