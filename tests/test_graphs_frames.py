@@ -31,11 +31,11 @@ def test_same_size_frames_are_letterboxed_inside_the_pipeline_graph_with_the_sam
     chunk = [array_source(a, "bgr", "frame") for a in arrays]
     frames = torch.stack([img.pixels for img in chunk])
     cpu = torch.device("cpu")
-    kw = {"opts": model.predict_options(conf=0.01), "imgsz": IMGSZ, "half": False, "cuda_graph": True, "device": cpu}
+    plan = model.plan(imgsz=IMGSZ, half=False, cuda_graph=True, device=cpu, conf=0.01)
 
     def run(uniform=None):
         staged = StagedBatch([img.to_device(cpu) for img in chunk], uniform=uniform)
-        return model._predict_chunk(chunk, 0.0, staged=staged, **kw)
+        return model._predict_chunk(chunk, 0.0, plan, staged=staged)
 
     def programs():
         return [g["program"] for g in model.graph_info()["graphs"]]
@@ -68,8 +68,8 @@ def test_capture_graph_of_a_frame_size_serves_the_first_batch_of_it(model, backe
     chunk = [array_source(np.full((48, 80, 3), v, np.uint8), "bgr", "frame") for v in (30, 200)]
     staged = StagedBatch([img.to_device(torch.device("cpu")) for img in chunk],
                          uniform=(torch.stack([img.pixels for img in chunk]), True))
-    model._predict_chunk(chunk, 0.0, staged=staged, opts=model.predict_options(), imgsz=IMGSZ, half=False,
-                         cuda_graph=True, device=torch.device("cpu"))
+    model._predict_chunk(chunk, 0.0, model.plan(imgsz=IMGSZ, half=False, cuda_graph=True, device=torch.device("cpu")),
+                         staged=staged)
     graphs = model.graph_info()["graphs"]
     assert len(graphs) == 1 and graphs[0]["replays"] == 1  # no second capture: the first batch replayed it
     with pytest.raises(ArgumentError, match=r"frame_size must be \(height, width\)"):

@@ -383,3 +383,49 @@ def test_torch_compile_traces_the_reference_without_graph_breaks():
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend="eager")  # fullgraph: a break would raise
     assert torch.equal(compiled(x), fake_quant_fp8(x * 2, 0.5) + 1)
+
+
+def test_a_binding_resolves_each_slot_once_without_reading_the_environment(monkeypatch):
+    """Inside an inference copy's binding a call looks its slot up in the binding: no environment read,
+    no lock (mutation: dropping the binding's fast path in _selection makes ``reads`` grow per call)."""
+    kernels.register(SLOT, lambda x: "fast", name="fast")
+    binding = kernels.bind()
+    reads = []
+    real = _registry._env_key
+    monkeypatch.setattr(_registry, "_env_key", lambda: reads.append(1) or real())
+    with binding.active():
+        assert [kernels.call(SLOT, 1) for _ in range(5)] == ["fast"] * 5
+    assert reads == [] and set(binding.selections) == {SLOT}
+    assert kernels.call(SLOT, 1) == "fast" and len(reads) == 1  # outside a binding: read per call, as before
+
+
+def test_a_binding_is_renewed_when_registrations_or_the_selector_change(monkeypatch):
+    kernels.register(SLOT, lambda x: "fast", name="fast")
+    binding = kernels.bind()
+    assert kernels.bind(binding) is binding and binding.current()
+    monkeypatch.setenv("LIBREYOLO_KERNELS", "off")
+    assert not binding.current()
+    renewed = kernels.bind(binding)
+    assert renewed is not binding
+    with renewed.active():
+        assert kernels.call(SLOT, 2) == 4  # the selector now says: references only
+    monkeypatch.delenv("LIBREYOLO_KERNELS")
+    current = kernels.bind(renewed)
+    with current.active():
+        assert kernels.call(SLOT, 2) == "fast"
+        kernels.register(SLOT, lambda x: "newer", name="newer")  # a registration during the binding
+        assert kernels.call(SLOT, 2) == "newer"  # a stale binding is not used
+    assert not current.current() and kernels.bind(current) is not current
+
+
+def test_an_inference_copy_keeps_its_binding_until_the_registry_changes():
+    import torch
+
+    from libreyolo.engine.inference import InferenceCopies
+
+    copies = InferenceCopies(torch.nn.Linear(2, 2))
+    copy = copies.get("cpu", torch.float32)
+    first = copy.kernels()
+    assert copy.kernels() is first
+    kernels.register(SLOT, lambda x: "fast", name="fast")
+    assert copy.kernels() is not first and copy.kernels().current()

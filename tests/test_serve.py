@@ -190,6 +190,9 @@ def test_overlap_is_on_by_default_for_cuda_graphs_on_cuda_only(model):
         def predict_options(self, **kw):
             return model.predict_options(**kw)
 
+        def plan(self, **kw):
+            return model.plan(**kw)
+
     cases = ((OnCuda(True), True, True), (OnCuda(True), False, False), (OnCuda(False), True, False),
              (model, "auto", False))  # cuda_graph=True on a CPU model fails at construction (test_serve_abuse.py)
     for target, graphs, want in cases:

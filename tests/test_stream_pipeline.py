@@ -75,7 +75,7 @@ def _same(a: list, b: list) -> None:
 def forced_staging(model, monkeypatch):
     """The staging path on the CPU (no pinning, no side stream): pack, one copy, views; a new pool."""
     monkeypatch.setattr(predictor_mod, "staging_wanted", lambda device: True)
-    model.__dict__.pop("_staging", None)
+    model._calls = type(model._calls)()  # a new CallState: its staging pool is made on first use
 
 
 # --- same results -------------------------------------------------------------------------------------

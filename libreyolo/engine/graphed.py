@@ -61,7 +61,7 @@ class ModelGraphs:
         from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
 
         return GraphRunner(module, self._network(module) if network is None else network,
-                           backend=self.__dict__.get("_graph_backend"),
+                           backend=self._graph_backend,
                            max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
 
     def _graph_runners(self) -> list:
@@ -96,30 +96,28 @@ class ModelGraphs:
         ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
         the graph's entry of :meth:`graph_info`.
         """
-        from libreyolo.engine.options import PREDICT_OPTIONS as P
+        from libreyolo.engine.plan import PIPELINE
         from libreyolo.graphs import GraphUnavailableError
 
         self._require_graph_support()
-        imgsz = self.family.check_imgsz(self.imgsz if imgsz is None else imgsz)
-        batch = P["batch"].check("batch", batch)
         if dtype is not None and dtype not in (torch.float32, torch.float16):
             raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
-        dtype = self._default_dtype() if dtype is None else dtype
         why_not = self._active_graph_backend().unavailable(self.device)
         if why_not is not None:
             raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
-        self._call_settings(None, dtype == torch.float16)
-        if options and self.pipeline_unavailable(self.device) is not None:
-            self.predict_options(**options)  # checked even where only the forward is captured
+        # the plan predict(imgsz=, batch=, half=, cuda_graph=True, **options) runs with: every option checked
+        # (also where only the forward is captured)
+        plan = self.plan(imgsz=imgsz, batch=batch, half=None if dtype is None else dtype == torch.float16,
+                         cuda_graph=True, **options)
+        imgsz, batch, dtype, opts = plan.imgsz, plan.batch, plan.dtype, plan.task_options
         runner = self._graph_runner(self.inference_copy(self.device, dtype))
         if frame_size is not None:
-            return self._capture_frames_graph(runner, imgsz, batch, dtype, frame_size, color_format, options)
+            return self._capture_frames_graph(runner, plan, frame_size, color_format)
         pad = self.family.letterbox(imgsz).neutral_input  # a blank image, as preprocessed
         x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=dtype, device=self.device)
-        if self.pipeline_unavailable(self.device) is None:
+        if plan.executor == PIPELINE:
             from libreyolo.ops.letterbox import LetterboxMeta
 
-            opts = self.predict_options(**options)
             post = self.family.device_postprocess()
             metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
             params = post.params(metas, opts, nc=self.nc, device=self.device)
@@ -129,8 +127,7 @@ class ModelGraphs:
         with torch.inference_mode():
             return runner.capture(x)
 
-    def _capture_frames_graph(self, runner: Any, imgsz: int, batch: int, dtype: torch.dtype, frame_size: Any,
-                              color_format: str, options: dict[str, Any]) -> dict[str, Any]:
+    def _capture_frames_graph(self, runner: Any, plan: Any, frame_size: Any, color_format: str) -> dict[str, Any]:
         """capture_graph(frame_size=...): the letterbox+pipeline program for grey frames of that size."""
         from libreyolo.data.sources import check_pixels
         from libreyolo.engine.options import PREDICT_OPTIONS as P
@@ -140,12 +137,11 @@ class ModelGraphs:
         if not sides or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sides):
             raise ArgumentError(f"frame_size must be (height, width) in pixels, e.g. (480, 640), got {frame_size!r}")
         check_pixels(sides[1], sides[0], "frame_size")
-        pre = self._preprocessor(imgsz)
+        pre, batch, dtype, opts = plan.preprocessor, plan.batch, plan.dtype, plan.task_options
         why = self.pipeline_unavailable(self.device)
         if why is not None or not callable(getattr(pre, "place_batch", None)):
             raise ArgumentError(f"frame_size: this model letterboxes outside its graph "
                                 f"({why or 'its preprocessing cannot be captured'}); call capture_graph() without it")
-        opts = self.predict_options(**options)
         post = self.family.device_postprocess()
         h, w = frame_size
         raw = torch.full((batch, h, w, 3), 114, dtype=torch.uint8, device=self.device)

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from libreyolo.graphs.watch import WeightWatch, _Snapshot
+from libreyolo.kernels import KernelBinding, bind
 
 _version = operator.attrgetter("_version")
 CHANNELS_LAST_CHOICES = (True, False, "auto")
@@ -162,6 +163,16 @@ class InferenceCopy:
         self.retired = False
         self._attached: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._kernels: KernelBinding | None = None
+
+    def kernels(self) -> KernelBinding:
+        """The kernel slots resolved for this copy (:func:`libreyolo.kernels.bind`): the same binding
+        while the registrations and the selector variables stay as they were, else a new one. Run the
+        module inside ``copy.kernels().active()``."""
+        found = self._kernels
+        if found is None or not found.current():
+            found = self._kernels = bind(found)
+        return found
 
     def attached(self, name: str, factory: Callable[[nn.Module], Any]) -> Any:
         """The object attached under ``name``, made by ``factory(self.module)`` on first use.

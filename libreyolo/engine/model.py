@@ -15,7 +15,9 @@ from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
 from libreyolo.engine.graphed import COMPILED, COMPILED_IN_GRAPH, GRAPHS_COMPILED, RUNNERS, ModelGraphs
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
 from libreyolo.engine.pipeline import PipelineGraphs
-from libreyolo.engine.predictor import Predictor
+from libreyolo.engine.plan import COMPILED as COMPILED_EXECUTOR
+from libreyolo.engine.plan import EAGER, CallPlan
+from libreyolo.engine.predictor import CallState, Predictor
 from libreyolo.engine.quantized import Quantizable
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
@@ -25,6 +27,8 @@ _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly o
 
 class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     """An eager model. Build with :func:`libreyolo.LibreYOLO`."""
+
+    _inference: InferenceCopies | None = None  # the inference copies of the current master (see _copies)
 
     def __init__(self, family: Family, size: str, *, nc: int, names: dict[int, str], imgsz: int,
                  state_dict: dict[str, torch.Tensor] | None = None, source: str | None = None,
@@ -50,6 +54,15 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
                                               "last_invalidation": None}
         self._compile: bool | str = False  # LibreYOLO(..., compile=...) / compile(): off, True or a mode
         self._compile_totals: dict[str, Any] = {"retired": 0, "last_retired": None}
+        # the parts, declared here (none is created behind the model's back): the inference copies of the
+        # current master (made on first use: _copies), plans and staging buffers, quantization, the last
+        # training run's graph use, the graph backend (None: CUDA), the tracks of track(persist=True)
+        self._inference: InferenceCopies | None = None
+        self._calls = CallState()
+        self._quant: dict[str, Any] | None = None
+        self._train_graph: dict[str, Any] | None = None
+        self._graph_backend: Any = None
+        self._tracking: Any = None
         if device is not None:
             self.to(device)
 
@@ -63,7 +76,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
 
     # what a copy of the model rebuilds on first use instead of copying: the inference-copy cache (with
     # its CUDA graphs and compiled programs) and the pinned staging buffers hold device memory and locks
-    _RUNTIME_STATE = ("_inference", "_staging")
+    _RUNTIME_STATE = ("_inference", "_calls")
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Model:
         """``copy.deepcopy(model)``: its own master weights, settings and quantization state; inference
@@ -75,6 +88,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
             if key in self._RUNTIME_STATE:
                 continue
             new.__dict__[key] = value if key == "_graph_backend" else copy.deepcopy(value, memo)
+        new._calls = CallState()  # and _inference: the class default (None) until the copy runs
         return new
 
     # --- device and precision ----------------------------------------------------------------
@@ -134,13 +148,35 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def _prepare(self, device: torch.device | None, half: bool | None) -> None:
         self._call_settings(device, half)
 
+    # --- the call plan (libreyolo.engine.plan) -----------------------------------------------
+    def _plan_state(self) -> tuple:
+        return (*super()._plan_state(), self._half, self._compile)
+
+    def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
+        if graph:
+            return self._graph_executor(device)
+        return EAGER if self._compile is False else COMPILED_EXECUTOR
+
+    def _execute(self, batch: torch.Tensor, plan: CallPlan) -> dict[str, torch.Tensor]:
+        """The plan's executor on the inference copy for ``batch``'s device and dtype."""
+        copy = self._copies().get(batch.device, batch.dtype)
+        with copy.kernels().active():  # kernel slots resolved once per copy, not per layer call
+            if plan.graphed:  # the forward graph (also where a pipeline capture failed for this input)
+                with torch.inference_mode():
+                    return self._graph_runner(copy)(batch, plan.graph)
+            compiled = self._compiled(copy) if plan.executor == COMPILED_EXECUTOR else None
+            with torch.inference_mode():
+                if compiled is not None:
+                    return compiled(batch)
+                return self.family.named_outputs(copy.module(batch))
+
     # --- inference copies (docs/inference.md) ----------------------------------------------
     def _copies(self) -> InferenceCopies:
         """The inference-copy cache of the current master network (made anew if ``net`` is replaced)."""
-        copies = self.__dict__.get("_inference")
+        copies = self._inference
         if copies is None or copies.master is not self.net:
             with _SETUP_LOCK:
-                copies = self.__dict__.get("_inference")
+                copies = self._inference
                 if copies is None or copies.master is not self.net:
                     if copies is not None:
                         self._note_retired("the network module was replaced", copies.live())
@@ -339,7 +375,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def train_graph_info(self) -> dict[str, Any] | None:
         """CUDA-graph use of the last :meth:`train` run: requested, captured shapes, replays, eager
         batches and the reason when nothing was captured (None before any run)."""
-        return self.__dict__.get("_train_graph")
+        return self._train_graph
 
     @contextlib.contextmanager
     def _evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:

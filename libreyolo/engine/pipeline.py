@@ -11,12 +11,12 @@ parity harness proved it equal to the eager pipeline (docs/graphs.md).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from libreyolo.engine.plan import GRAPHED, PIPELINE, CallPlan
 from libreyolo.utils.log import LOGGER
 
 Network = Callable[[torch.Tensor], dict[str, torch.Tensor]]
@@ -32,6 +32,8 @@ _SIGHT_LOCK = threading.Lock()
 class PipelineGraphs:
     """``_infer_start`` as one graph replay where the family and device allow it (a mixin of :class:`Predictor`)."""
 
+    _graph_backend: Any = None  # None: real CUDA graphs (see set_graph_backend)
+
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Network]:
         """(graph runner, network callable) for ``batch``'s device and dtype."""
         raise NotImplementedError
@@ -39,7 +41,13 @@ class PipelineGraphs:
     def _active_graph_backend(self) -> Any:
         from libreyolo.graphs import CudaGraphBackend
 
-        return self.__dict__.get("_graph_backend") or CudaGraphBackend()
+        return self._graph_backend or CudaGraphBackend()
+
+    def set_graph_backend(self, backend: Any) -> None:
+        """Capture and replay graphs through ``backend`` (the parity harness, CPU tests:
+        :class:`~libreyolo.graphs.EmulatedGraphBackend`); None: real CUDA graphs. Set it before the
+        first graphed call: runners made before keep the backend they were made with."""
+        self._graph_backend = backend
 
     def _require_graph_support(self) -> None:
         if not self.family.SUPPORTS_CUDA_GRAPH:
@@ -100,15 +108,15 @@ class PipelineGraphs:
     def _frame_sighting(self, key: tuple, at_least: int = 0) -> int:
         """How many batches of this frame key were seen, this one included (at least ``at_least``)."""
         with _SIGHT_LOCK:
-            seen = self.__dict__.setdefault("_frame_sightings", OrderedDict())
+            seen = self._calls.frame_sightings
             count = max(seen.pop(key, 0) + 1, at_least)
             seen[key] = count
             while len(seen) > _FRAME_SIGHTINGS:
                 seen.popitem(last=False)
         return count
 
-    def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], pre: Any, dtype: torch.dtype, clock: Any,
-                            *, cuda_graph: bool | str, opts: Any) -> tuple[Callable[[], list], list] | None:
+    def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], clock: Any,
+                            plan: CallPlan) -> tuple[Callable[[], list], list] | None:
         """The letterbox too inside the whole-pipeline graph: one replay from the uploaded frames to
         padded detections, where the pipeline graph runs and the preprocessing can be captured
         (a :class:`~libreyolo.ops.letterbox.Letterbox`: every shape follows from the frame size),
@@ -118,12 +126,11 @@ class PipelineGraphs:
         The numbers equal the letterbox run outside the graph (``tests/test_letterbox_batched.py``, and
         on a GPU ``tests/test_stream_pipeline.py``)."""
         raw, bgr = frames
-        if (not callable(getattr(pre, "place_batch", None)) or not FRAMES_IN_GRAPH
-                or self.pipeline_unavailable(raw.device) is not None):
+        pre, dtype, opts = plan.preprocessor, plan.dtype, plan.task_options
+        if plan.executor != PIPELINE or not FRAMES_IN_GRAPH or not callable(getattr(pre, "place_batch", None)):
             return None
         from libreyolo.graphs import GraphCaptureError
 
-        self._require_graph_support()
         post = self.family.device_postprocess()
         if self._frame_sighting(self._frame_key(raw, bgr, pre, dtype, post.static(opts))) < FRAMES_AFTER:
             return None
@@ -135,7 +142,7 @@ class PipelineGraphs:
         program = self._pipeline_program(network, post.static(opts), (pre, bgr, dtype))
         try:
             with torch.inference_mode():
-                padded = runner((raw, params), cuda_graph, program)
+                padded = runner((raw, params), plan.graph, program)
         except GraphCaptureError as exc:  # recorded in graph_info()["failures"]; letterbox outside the graph
             LOGGER.warning("CUDA graph with the letterbox inside unavailable for this input (%s); letterboxing "
                            "outside it", exc)
@@ -157,21 +164,25 @@ class PipelineGraphs:
         with torch.inference_mode():
             return runner((batch, params), mode, program)
 
-    def _infer_start(self, batch: torch.Tensor, metas: list, clock: Any, *, cuda_graph: bool | str,
-                     opts: Any) -> Callable[[], list]:
-        """With ``cuda_graph`` and a family verified for it, one graph replay from the batch to padded
-        outputs, read back by the returned call; otherwise the forward (graphed or not) and eager
-        postprocessing (:meth:`Predictor._infer_start`)."""
-        if cuda_graph and self.pipeline_unavailable(batch.device) is None:
+    def _infer_start(self, batch: torch.Tensor, metas: list, clock: Any, plan: CallPlan) -> Callable[[], list]:
+        """With the ``pipeline`` executor (``cuda_graph`` on, and a family and device verified for
+        it: decided in the plan), one graph replay from the batch to padded outputs, read back by
+        the returned call; otherwise the forward (graphed or not) and eager postprocessing
+        (:meth:`Predictor._infer_start`)."""
+        if plan.executor == PIPELINE:
             from libreyolo.graphs import GraphCaptureError
 
-            self._require_graph_support()
             try:
-                padded = self._pipeline_forward(batch, metas, cuda_graph, opts)
+                padded = self._pipeline_forward(batch, metas, plan.graph, plan.task_options)
             except GraphCaptureError as exc:  # recorded in graph_info()["failures"]; the forward graph still serves
                 LOGGER.warning("whole-pipeline CUDA graph unavailable for this input (%s); graphing the network "
                                "forward only", exc)
             else:
                 clock.mark()
                 return self.family.device_postprocess().read_later(padded)
-        return super()._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
+        return super()._infer_start(batch, metas, clock, plan)
+
+    def _graph_executor(self, device: torch.device) -> str:
+        """The executor of a graphed call on ``device``: the whole pipeline where it can be captured there."""
+        self._require_graph_support()
+        return PIPELINE if self.pipeline_unavailable(device) is None else GRAPHED

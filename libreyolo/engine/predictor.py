@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from libreyolo.data.sources import SourceImage, Sources, open_sources
+from libreyolo.engine.plan import EAGER, CallPlan, PlanCache, freeze
 from libreyolo.engine.stream import (
     Feeder,
     StagedBatch,
@@ -31,7 +33,31 @@ from libreyolo.utils.checks import check_forward_memory, resolve_device
 from libreyolo.utils.checks import check_stride_imgsz as check_imgsz  # noqa: F401 - its old home
 from libreyolo.utils.log import LOGGER, want_info
 
-_POOL_LOCK = threading.Lock()
+
+class CallState:
+    """What a predictor keeps between calls in order to run them (a part of the model, testable alone):
+    its call plans (:class:`~libreyolo.engine.plan.PlanCache`), its pinned staging buffers (made on
+    first use: pinned memory is allocated only where a CUDA upload needs it) and the frame sizes
+    seen (a size's letterbox goes inside the pipeline graph from its ``FRAMES_AFTER``-th batch).
+    A copy of a model starts with its own, empty."""
+
+    def __init__(self) -> None:
+        self.plans = PlanCache()
+        self.frame_sightings: OrderedDict[tuple, int] = OrderedDict()
+        self._staging: StagingPool | None = None
+        self._lock = threading.Lock()
+
+    def staging(self) -> StagingPool:
+        pool = self._staging
+        if pool is None:
+            with self._lock:
+                if self._staging is None:
+                    self._staging = StagingPool()
+                pool = self._staging
+        return pool
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CallState:
+        return CallState()
 
 
 class Predictor:
@@ -42,6 +68,8 @@ class Predictor:
     names: dict[int, str]
     imgsz: int
     default_batch: int = 16  # images decoded and run at once when predict() is given no ``batch``
+    _calls: CallState  # plans, staging buffers (made by the subclass's __init__)
+    _tracking: Any = None  # the tracks that track(persist=True) keeps (libreyolo.track.tracking.Tracking)
 
     # --- to implement --------------------------------------------------------------------
     @property
@@ -72,8 +100,7 @@ class Predictor:
         self._prepare(device, half)
         return self.device, half
 
-    def _infer_start(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
-                     opts: Any) -> Callable[[], list]:
+    def _infer_start(self, batch: torch.Tensor, metas: list, clock: StageClock, plan: CallPlan) -> Callable[[], list]:
         """Network and postprocessing for one letterboxed batch, enqueued; the returned call reads
         the per-image predictions back (the one wait for the device), so that the next batch can
         be enqueued in between (:meth:`libreyolo.models.base.Family.postprocess_later`).
@@ -81,26 +108,41 @@ class Predictor:
         Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
         run both stages as one CUDA graph (:class:`libreyolo.engine.pipeline.PipelineGraphs`).
         """
+        opts = plan.task_options
         need = self.family.forward_bytes(self.size, tuple(batch.shape), opts)
         if need is not None:
             check_forward_memory(need, batch.device, tuple(batch.shape), "pass tile=256 (tiled inference, "
                                  "see docs/hostile-inputs.md) or a smaller image")
-        outputs = self.family.run_network(lambda x: self._forward(x, cuda_graph=cuda_graph), batch, opts)
+        outputs = self.family.run_network(lambda x: self._execute(x, plan), batch, opts)
         clock.mark()
         return self.family.postprocess_later(outputs, metas, opts)
 
-    def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], pre: Any, dtype: torch.dtype, clock: StageClock,
-                            *, cuda_graph: bool | str, opts: Any) -> tuple[Callable[[], list], list] | None:
+    def _execute(self, batch: torch.Tensor, plan: CallPlan) -> dict[str, torch.Tensor]:
+        """The network's named outputs for ``batch`` by the plan's executor (default: :meth:`_forward`)."""
+        return self._forward(batch, cuda_graph=plan.graph)
+
+    def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
+        """The executor (:data:`libreyolo.engine.plan.EXECUTORS`) of a call on ``device`` with
+        ``cuda_graph=graph``; raises where this backend cannot run it. Decided once per plan."""
+        return EAGER
+
+    def _plan_state(self) -> tuple:
+        """The model's own settings that change a plan (part of the plan cache's key)."""
+        family = self.family
+        return (self.device, self.imgsz, len(self.names), self.default_batch, getattr(self, "_graph_backend", None),
+                getattr(family, "SUPPORTS_CUDA_GRAPH", None), getattr(family, "SUPPORTS_PIPELINE_GRAPH", None))
+
+    def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], clock: StageClock,
+                            plan: CallPlan) -> tuple[Callable[[], list], list] | None:
         """Preprocessing, network and postprocessing of a batch of same-size uploaded frames
         (``frames``: (B, H, W, 3) uint8 and whether they are BGR) as one CUDA graph, or None when
         this model cannot (then :meth:`_infer_start` runs on the preprocessed batch).
         Returns (read-back call, metas). See :meth:`libreyolo.engine.pipeline.PipelineGraphs._infer_frames_start`."""
         return None
 
-    def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, *, cuda_graph: bool | str,
-               opts: Any) -> list:
+    def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, plan: CallPlan) -> list:
         """:meth:`_infer_start` read back at once: the per-image predictions of one batch."""
-        return self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)()
+        return self._infer_start(batch, metas, clock, plan)()
 
     def val(self, **kwargs: Any) -> dict[str, float]:
         """Metrics on a dataset's val split, the task's (:mod:`libreyolo.tasks`): mAP50-95, mAP50,
@@ -133,6 +175,42 @@ class Predictor:
         opts = task.predict_options(given)
         task.check_options(opts, nc=len(self.names))
         return opts
+
+    def plan(self, *, imgsz: int | None = None, half: bool | None = None, device: str | torch.device | None = None,
+             batch: int | None = None, cuda_graph: bool | str = False, **options: Any) -> CallPlan:
+        """The :class:`~libreyolo.engine.plan.CallPlan` of a call with these options: checked where
+        they are declared and the executor chosen, once; the same options (and model settings)
+        give the cached plan. ``predict()``, ``enqueue()``, the Batcher's requests,
+        ``capture_graph()`` and ``val`` resolve their options here. ``options``: the task's own."""
+        key = (imgsz, type(imgsz), half, type(half), device, batch, type(batch), cuda_graph, type(cuda_graph),
+               tuple((k, v, type(v)) for k, v in sorted(options.items())), self._plan_state())
+        try:
+            hash(key)
+        except TypeError:  # an option given as a list or a mapping: the slower canonical form
+            key = freeze(key)
+        return self._calls.plans.get(key, lambda: self._resolve_plan(imgsz, half, device, batch, cuda_graph,
+                                                                      options))
+
+    def _resolve_plan(self, imgsz: Any, half: Any, device: Any, batch: Any, cuda_graph: Any,
+                      options: dict[str, Any]) -> CallPlan:
+        from libreyolo.engine.options import PREDICT_OPTIONS as P
+        from libreyolo.options import check_input_budget
+
+        imgsz, half, device, batch, graph = (P[name].check(name, value) for name, value in (
+            ("imgsz", imgsz), ("half", half), ("device", device), ("batch", batch), ("cuda_graph", cuda_graph)))
+        opts = self.predict_options(**options)
+        imgsz = self.family.check_imgsz(self.imgsz if imgsz is None else imgsz)
+        step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
+        run_device, half = self._call_settings(resolve_device(device), half)
+        executor = self._choose_executor(run_device, graph)
+        return CallPlan(imgsz=imgsz, batch=step, device=run_device, half=half, dtype=self._input_dtype(half),
+                        graph=graph, executor=executor, options_key=freeze(dict(opts)), task_options=opts,
+                        preprocessor=self._preprocessor(imgsz))
+
+    def plan_info(self) -> dict[str, Any]:
+        """How many plans are cached, and the cache's hits and misses (tests and benchmarks read it)."""
+        plans = self._calls.plans
+        return {"plans": len(plans), "hits": plans.hits, "misses": plans.misses}
 
     def predict(
         self,
@@ -218,7 +296,9 @@ class Predictor:
         call = {n: p.default for n, p in inspect.signature(Predictor.predict).parameters.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
         call.update({k: kwargs.pop(k) for k in list(kwargs) if k in call})
-        state = self.__dict__.setdefault("_tracking", Tracking())
+        if self._tracking is None:
+            self._tracking = Tracking()
+        state = self._tracking
         key = source_key(source)
 
         def wrap(run: Iterator[Results], sources: Sources) -> Iterator[Results]:
@@ -229,16 +309,16 @@ class Predictor:
 
     def reset_tracks(self) -> None:
         """Forget the tracks that :meth:`track` kept with ``persist=True`` (every source's)."""
-        state = self.__dict__.get("_tracking")
-        if state is not None:
-            state.reset()
+        if self._tracking is not None:
+            self._tracking.reset()
 
     def _predict_source(self, source: Any, options: dict[str, Any], call: dict[str, Any],
              wrap: Callable[[Iterator[Results], Sources], Iterator[Results]] | None = None
              ) -> Results | list[Results] | Iterator[Results]:
         """:meth:`predict` (and :meth:`track`, which passes ``wrap``: a pass over the Results stream)."""
-        given, opts, imgsz, step, run_device, half = self._checked_call(options, **call)
-        cuda_graph, verbose, stream, progress = (given[k] for k in ("cuda_graph", "verbose", "stream", "progress"))
+        plan, given = self._checked_call(options, call)
+        verbose, stream, progress = (given[k] for k in ("verbose", "stream", "progress"))
+        run_device = plan.device
         from libreyolo.data.video import is_video
 
         if given["save"] and not is_video(source):
@@ -254,8 +334,7 @@ class Predictor:
         workers = 0 if sources.single or sources.on_device else resolve_workers(given["workers"], run_device)
         if given["decode"] == "cuda" and given["workers"] is None:
             workers = 0  # measured fastest with nvJPEG on the H200 (1,863 images/s; 4 threads 1,688, 8 threads 1,406)
-        run = self._stream(sources, step, progress=progress, verbose=verbose, keep_pixels=stream, workers=workers,
-                           opts=opts, imgsz=imgsz, half=half, cuda_graph=cuda_graph, device=run_device)
+        run = self._stream(sources, plan, progress=progress, verbose=verbose, keep_pixels=stream, workers=workers)
         if wrap is not None:
             run = wrap(run, sources)
         if given["save"]:
@@ -267,19 +346,17 @@ class Predictor:
         results = list(run)
         return results[0] if sources.single else results
 
-    def _checked_call(self, options: dict[str, Any], *, device: Any, **given: Any) -> tuple:
-        """predict()'s and enqueue()'s options checked, where they are declared: (the given options
-        checked, the task's options, imgsz, images per batch, the device, half)."""
-        from libreyolo.engine.options import PREDICT_OPTIONS
-        from libreyolo.options import check_input_budget
+    _PLANNED = ("imgsz", "half", "device", "batch", "cuda_graph")  # the options a CallPlan holds
 
-        given = {name: PREDICT_OPTIONS[name].check(name, value) for name, value in given.items()}
-        opts = self.predict_options(**options)
-        imgsz = self.family.check_imgsz(self.imgsz if given["imgsz"] is None else given["imgsz"])
-        batch = given["batch"]
-        step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
-        run_device, half = self._call_settings(resolve_device(device), given["half"])
-        return given, opts, imgsz, step, run_device, half
+    def _checked_call(self, options: dict[str, Any], call: dict[str, Any]) -> tuple[CallPlan, dict[str, Any]]:
+        """predict()'s and enqueue()'s options checked, where they are declared: (the call's plan,
+        the other given options checked)."""
+        from libreyolo.engine.options import PREDICT_OPTIONS
+
+        plan = self.plan(**{k: call[k] for k in self._PLANNED}, **options)
+        given = {name: PREDICT_OPTIONS[name].check(name, value) for name, value in call.items()
+                 if name not in self._PLANNED}
+        return plan, given
 
     def enqueue(self, source: Any, *, imgsz: int | None = None, half: bool | None = None,
                 device: str | torch.device | None = None, batch: int | None = None, cuda_graph: bool | str = False,
@@ -294,10 +371,9 @@ class Predictor:
         this one back: what :class:`~libreyolo.serve.Batcher` does with ``overlap=True``. Results
         equal :meth:`predict`'s. Elsewhere the work runs now and the call only builds the Results.
         """
-        given, opts, imgsz, step, run_device, half = self._checked_call(
-            options, imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph,
-            color_format=color_format)
-        sources = open_sources(source, color_format=given["color_format"])
+        plan, given = self._checked_call(options, dict(imgsz=imgsz, half=half, device=device, batch=batch,
+                                                       cuda_graph=cuda_graph, color_format=color_format))
+        sources, step, run_device = open_sources(source, color_format=given["color_format"]), plan.batch, plan.device
         if sources.total is None or sources.total > step:
             count = "a generator" if sources.total is None else f"{sources.total} images"
             raise ArgumentError(f"enqueue() runs one batch of at most batch={step} images, got {count}; "
@@ -308,22 +384,21 @@ class Predictor:
         t0 = time.perf_counter()
         pool = self._staging_pool() if staging_wanted(run_device) and not sources.on_device else None
         staged = None if pool is None else stage(chunk, run_device, pool, side_stream(run_device))
-        return self._start_chunk(chunk, t0, staged=staged, opts=opts, imgsz=imgsz, half=half,
-                                 cuda_graph=given["cuda_graph"], device=run_device)
+        return self._start_chunk(chunk, t0, plan, staged=staged)
 
-    def _stream(self, sources: Sources, step: int, *, progress: bool | None, verbose: bool, keep_pixels: bool,
-                workers: int = 0, **kw: Any) -> Iterator[Results]:
-        """Results batch by batch: decode ``step`` images, run them, hand them out, forget them.
+    def _stream(self, sources: Sources, plan: CallPlan, *, progress: bool | None, verbose: bool, keep_pixels: bool,
+                workers: int = 0) -> Iterator[Results]:
+        """Results batch by batch: decode ``plan.batch`` images, run them, hand them out, forget them.
 
         Without ``keep_pixels`` a result read from a file keeps its path, not its pixels
         (:meth:`Results.orig_rgb` reads the file again), so a list of results stays small.
         ``workers`` > 0 runs the streaming pipeline (:meth:`_pipelined`), else one batch at a time.
         """
-        total = sources.total
+        total, step = sources.total, plan.batch
         long_run = total is None or total > step
         bar = _progress_bar(total, show=long_run if progress is None else progress, auto=progress is None)
         produced = seen_skips = 0
-        batches = self._pipelined(sources, step, workers, kw) if workers > 0 else self._one_by_one(sources, step, kw)
+        batches = self._pipelined(sources, plan, workers) if workers > 0 else self._one_by_one(sources, plan)
         try:
             for chunk, results, skipped in batches:
                 if not keep_pixels:
@@ -353,8 +428,7 @@ class Predictor:
             LOGGER.warning("skipped %d of %d images that could not be read", len(sources.skipped),
                            total if total is not None else produced + len(sources.skipped))
 
-    def _one_by_one(self, sources: Sources, step: int,
-                    kw: dict[str, Any]) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
+    def _one_by_one(self, sources: Sources, plan: CallPlan) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
         """(images, results, files skipped so far) per batch: decoded, run and read back in turn.
 
         On CUDA the 8-bit images of a batch are uploaded as the streaming pipeline does (one pinned
@@ -362,30 +436,30 @@ class Predictor:
         thread. A copy from pageable memory would first wait for all work queued on the device,
         so two threads predicting at once (a :class:`~libreyolo.serve.Batcher` with ``in_flight``
         2) could never overlap one's upload with the other's forward."""
-        device = kw.get("device") or self.device
+        device = plan.device
         pool = self._staging_pool() if staging_wanted(device) and not sources.on_device else None
         t0 = time.perf_counter()
-        for chunk in sources.batches(step, skip_unreadable=not sources.single):
+        for chunk in sources.batches(plan.batch, skip_unreadable=not sources.single):
             staged = None if pool is None else stage(chunk, device, pool, side_stream(device))
-            results = self._predict_chunk(chunk, t0, staged=staged, **kw)
+            results = self._predict_chunk(chunk, t0, plan, staged=staged)
             yield chunk, results, len(sources.skipped)
             t0 = time.perf_counter()  # the caller's time between batches is not ours
 
-    def _pipelined(self, sources: Sources, step: int, workers: int,
-                   kw: dict[str, Any]) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
+    def _pipelined(self, sources: Sources, plan: CallPlan,
+                   workers: int) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
         """:meth:`_one_by_one`'s batches from the streaming pipeline (:mod:`libreyolo.engine.stream`):
         decoded on ``workers`` threads and staged by a :class:`~libreyolo.engine.stream.Feeder`, and
         batch *i + 1* enqueued before batch *i* is read back. An error of the source is raised after
         the batches before it are handed out, as on the plain path."""
-        device = kw.get("device") or self.device
+        device = plan.device
         pool = self._staging_pool() if staging_wanted(device) else None
-        with Feeder(sources, step, skip_unreadable=True, workers=workers, device=device, pool=pool) as feeder:
+        with Feeder(sources, plan.batch, skip_unreadable=True, workers=workers, device=device, pool=pool) as feeder:
             pending = None
             failure: Exception | None = None
             t0 = time.perf_counter()
             try:
                 for fed in feeder:
-                    finish = self._start_chunk(fed.chunk, t0, staged=fed.staged, **kw)
+                    finish = self._start_chunk(fed.chunk, t0, plan, staged=fed.staged)
                     if pending is not None:
                         yield pending[0].chunk, pending[1](), pending[0].skipped
                         feeder.done()
@@ -400,29 +474,25 @@ class Predictor:
 
     def _staging_pool(self) -> StagingPool:
         """This predictor's pinned staging buffers (made on first use, kept across calls)."""
-        pool = self.__dict__.get("_staging")
-        if pool is None:
-            with _POOL_LOCK:
-                pool = self.__dict__.setdefault("_staging", StagingPool())
-        return pool
+        return self._calls.staging()
 
-    def _predict_chunk(self, chunk: list[SourceImage], t0: float, **kw: Any) -> list[Results]:
-        """The Results of one batch of decoded images (``kw``: :meth:`_start_chunk`'s)."""
-        return self._start_chunk(chunk, t0, **kw)()
+    def _predict_chunk(self, chunk: list[SourceImage], t0: float, plan: CallPlan, *,
+                       staged: StagedBatch | None = None) -> list[Results]:
+        """The Results of one batch of decoded images (see :meth:`_start_chunk`)."""
+        return self._start_chunk(chunk, t0, plan, staged=staged)()
 
-    def _start_chunk(self, chunk: list[SourceImage], t0: float, *, opts: Any, imgsz: int, half: bool,
-                     cuda_graph: bool | str, device: torch.device | None = None,
+    def _start_chunk(self, chunk: list[SourceImage], t0: float, plan: CallPlan, *,
                      staged: StagedBatch | None = None) -> Callable[[], list[Results]]:
         """Enqueue one batch (upload unless ``staged`` already did, letterbox, network,
-        postprocessing); the returned call reads it back and makes its Results."""
-        device = self.device if device is None else device
+        postprocessing) as ``plan`` says; the returned call reads it back and makes its Results."""
+        device = plan.device
         clock = StageClock(device, t0)
         if staged is not None:
             staged.wait(device)
-        pre, dtype = self._preprocessor(imgsz), self._input_dtype(half)
+        pre, dtype = plan.preprocessor, plan.dtype
         started = None
-        if staged is not None and staged.uniform is not None and cuda_graph:
-            started = self._infer_frames_start(staged.uniform, pre, dtype, clock, cuda_graph=cuda_graph, opts=opts)
+        if staged is not None and staged.uniform is not None and plan.graphed:
+            started = self._infer_frames_start(staged.uniform, clock, plan)
         if started is None:
             if staged is not None and staged.uniform is not None and callable(getattr(pre, "place_batch", None)):
                 frames, bgr = staged.uniform  # one batched letterbox, the per-image path's numbers
@@ -431,7 +501,7 @@ class Predictor:
                 tensors = staged.tensors if staged is not None else [img.to_device(device) for img in chunk]
                 batch, metas = pre(tensors, dtype=dtype)
             clock.mark()  # preprocessing enqueued
-            read = self._infer_start(batch, metas, clock, cuda_graph=cuda_graph, opts=opts)
+            read = self._infer_start(batch, metas, clock, plan)
         else:
             read, metas = started
         clock.mark()  # postprocessing enqueued

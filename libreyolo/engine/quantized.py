@@ -34,6 +34,8 @@ def _patterns(exclude: Any) -> tuple[str, ...]:
 class Quantizable:
     """Mixed into :class:`libreyolo.engine.model.Model`."""
 
+    _quant: dict[str, Any] | None = None  # recipe, method, samples, excluded layers; None: float
+
     def quantize(self, recipe: str = "int8", data: Any = None, samples: int = 256, method: str = "minmax",
                  exclude: str | Sequence[str] | None = None) -> Any:
         """Calibrate on ``samples`` images of ``data`` and switch to simulated ``recipe`` numerics.
@@ -54,7 +56,7 @@ class Quantizable:
         copies = self._copies()
         with copies.mutating():
             if simulate.remove(self.net):  # calibrate again from the float model
-                self.__dict__.pop("_quant", None)
+                self._quant = None
                 copies.invalidate("dequantized (quantize() called again)")
             layers, excluded = simulate.select_layers(self.net, tuple(self.family.quant_exclude), patterns)
             ranges = collect_ranges(self.net, layers, lambda: self._calibration_batches(files), opts["method"])
@@ -76,17 +78,17 @@ class Quantizable:
         with copies.mutating():
             if simulate.remove(self.net):
                 copies.invalidate("dequantized")
-            self.__dict__.pop("_quant", None)
+            self._quant = None
         return self
 
     @property
     def is_quantized(self) -> bool:
-        return self.__dict__.get("_quant") is not None
+        return self._quant is not None
 
     def quant_info(self) -> dict[str, Any] | None:
         """recipe, method, samples, the quantized layer names and count, the excluded names with
         the reason, and notes; None for a float model."""
-        q = self.__dict__.get("_quant")
+        q = self._quant
         if q is None:
             return None
         names = list(simulate.simulated_layers(self.net))
@@ -94,7 +96,7 @@ class Quantizable:
                 "count": len(names), "excluded": dict(q["excluded"]), "notes": [ATTENTION_NOTE]}
 
     def _quant_entry(self) -> dict[str, Any] | None:
-        q = self.__dict__.get("_quant")
+        q = self._quant
         return None if q is None else simulate.to_entry(self.net, q)
 
     def _restore_quantization(self, entry: Any, where: str) -> None:

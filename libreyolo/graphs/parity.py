@@ -187,7 +187,7 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
     try:
         model = seeded_model(family_name, size, seed=seed, device=device)
         if backend is not None:
-            model._graph_backend = backend
+            model.set_graph_backend(backend)
         big, small = imgszs[0], imgszs[-1]
 
         def eager(x):

@@ -14,6 +14,8 @@ arguments, which asks "could you run at all here?".
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import os
 import threading
@@ -28,8 +30,10 @@ __all__ = [
     "REFERENCE",
     "UNAVAILABLE",
     "Implementation",
+    "KernelBinding",
     "KernelWarning",
     "active",
+    "bind",
     "call",
     "call_or",
     "candidates",
@@ -224,13 +228,63 @@ def _known_names() -> set[str]:
     return {e.name.lower() for entries in _registrations.values() for e in entries}
 
 
+class KernelBinding:
+    """The slots' selections resolved for one inference copy: while it is active (:meth:`active`, around
+    the copy's forward), a slot's selection is looked up here, without reading the environment or
+    taking the registry's lock. It is stale once registrations change or the selector variables do
+    (:meth:`current`); :func:`bind` then gives a new one. Predicates still see each call's arguments."""
+
+    __slots__ = ("generation", "env", "selections")
+
+    def __init__(self) -> None:
+        global _providers_loaded
+        self.env = _env_key()
+        if not _providers_loaded and _selector_from(self.env) != REFERENCE:
+            from libreyolo.kernels import _providers  # their registrations come before the binding's generation
+
+            _providers_loaded = _providers.load_once()
+        self.generation = _generation
+        self.selections: dict[str, _Selection] = {}
+
+    def current(self) -> bool:
+        """Whether the registry and the selector variables are as when this binding was made."""
+        return self.generation == _generation and self.env == _env_key()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[KernelBinding]:
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+
+_ACTIVE: contextvars.ContextVar[KernelBinding | None] = contextvars.ContextVar("libreyolo_kernels", default=None)
+
+
+def bind(previous: KernelBinding | None = None) -> KernelBinding:
+    """``previous`` while it is current, else a new :class:`KernelBinding` (resolved lazily, slot by slot)."""
+    if previous is not None and previous.current():
+        return previous
+    return KernelBinding()
+
+
 def _selection(slot: str) -> _Selection:
+    bound = _ACTIVE.get()
+    if bound is not None and bound.generation == _generation:  # the inference copy's: no environment read
+        found = bound.selections.get(slot)
+        if found is None:
+            found = bound.selections[slot] = _select(slot, bound.env)
+        return found
+    return _select(slot, _env_key())
+
+
+def _select(slot: str, env: tuple[str | None, ...]) -> _Selection:
     global _providers_loaded
-    if not _providers_loaded and selector() != REFERENCE:
+    if not _providers_loaded and _selector_from(env) != REFERENCE:
         from libreyolo.kernels import _providers
 
         _providers_loaded = _providers.load_once()
-    env = _env_key()
     with _lock:
         cached = _cache.get(slot)
         if cached is not None and cached.key == (_generation, *env):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from libreyolo.engine.pipeline import PipelineGraphs
+from libreyolo.engine.plan import RUNTIME
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.export.aoti import pt2_content_sha256, read_build_info, read_metadata_strings
 from libreyolo.export.metadata import check_integrity, decode
@@ -67,6 +68,9 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         return f"aotinductor (torch {torch.__version__}) [{self._device}]"
 
     # --- the call ----------------------------------------------------------------------------
+    def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
+        return self._graph_executor(device) if graph and self._graphable else RUNTIME
+
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
         if cuda_graph and self._graphable:
             self._require_graph_support()
@@ -90,7 +94,7 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         with self._runner_lock:
             if self._runner is None:  # a package has no weights to watch: an empty module stands for it
                 self._runner = GraphRunner(nn.Module(), self._network,
-                                           backend=self.__dict__.get("_graph_backend"))
+                                           backend=self._graph_backend)
             return self._runner
 
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from libreyolo.engine.predictor import Predictor
+from libreyolo.engine.plan import RUNTIME
+from libreyolo.engine.predictor import CallState, Predictor
 from libreyolo.errors import ArgumentError, CheckpointError, LibreYOLOError
 from libreyolo.models.base import Family
 from libreyolo.models.registry import get_family
@@ -54,6 +55,7 @@ class ArtifactPredictor(Predictor):
 
     def __init__(self, path: str | Path, meta: dict[str, Any]) -> None:
         self.path = Path(path)
+        self._calls = CallState()  # the call plans of predict() (libreyolo.engine.plan), staging buffers
         family, nc, names, imgsz, batch = check_metadata(meta, str(self.path))
         self.metadata = meta
         self.size = meta["size"]
@@ -137,10 +139,18 @@ class ArtifactPredictor(Predictor):
                                 f"imgsz={imgsz}")
         yield self._forward, self.device
 
+    def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
+        if graph:
+            self._refuse_graphs()
+        return RUNTIME
+
+    def _refuse_graphs(self) -> None:
+        raise NotImplementedError(f"cuda_graph applies to eager models; a {self.format} artifact runs "
+                                  "through its own runtime")
+
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
         if cuda_graph:
-            raise NotImplementedError(f"cuda_graph applies to eager models; a {self.format} artifact runs "
-                                      "through its own runtime")
+            self._refuse_graphs()
         h, w = int(batch.shape[2]), int(batch.shape[3])
         if not self.dynamic_spatial and (h, w) != (self.imgsz, self.imgsz):
             raise ArgumentError(f"this {self.format} model was exported for imgsz={self.imgsz} (static shape); "

@@ -57,7 +57,7 @@ from libreyolo.errors import ArgumentError, ImageError, LibreYOLOError
 from libreyolo.serve.budget import Admission, RequestTooLarge, check_work, image_pixels
 from libreyolo.serve.options import BATCHER_OPTIONS, NOT_PER_REQUEST
 from libreyolo.serve.policy import SizePolicy
-from libreyolo.serve.requests import Launched, Request, decode_request_image, default_batch_sizes, hashable
+from libreyolo.serve.requests import Launched, Request, decode_request_image, default_batch_sizes
 from libreyolo.utils.log import LOGGER as log
 
 _KEEP = 10_000  # latencies and waits kept for the percentiles (the most recent)
@@ -170,9 +170,10 @@ class Batcher:
 
     # --- requests ----------------------------------------------------------------------------
     def _prepare_options(self, options: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        """(grouping key, predict() keywords) of one request's options, checked by predict's schema."""
+        """(grouping key, predict() keywords) of one request's options: its call plan, resolved by the
+        model's :meth:`~libreyolo.engine.predictor.Predictor.plan` as predict() resolves its own
+        (for a batch of ``max_batch`` on the Batcher's device), is the key."""
         from libreyolo.engine.options import COMMON_PREDICT_OPTIONS
-        from libreyolo.options import check_input_budget
 
         refused = sorted(k for k in options if k in NOT_PER_REQUEST)
         if refused:
@@ -180,19 +181,15 @@ class Batcher:
                                 "batch and its decoding, and runs on one device (give device= to Batcher()); "
                                 "leave them out")
         merged = {**self.predict_kw, **options}
-        common = {k: COMMON_PREDICT_OPTIONS[k].check(k, merged.pop(k)) for k in list(merged)
-                  if k in COMMON_PREDICT_OPTIONS}
-        common.pop("color_format", None)  # decoding happens before batching: not part of the key
-        task = self.model.predict_options(**merged)  # unknown or wrong options raise here
-        imgsz = self.model.family.check_imgsz(self.model.imgsz if common.get("imgsz") is None else common["imgsz"])
-        if self.max_imgsz is not None and imgsz > self.max_imgsz:
-            raise RequestTooLarge(f"imgsz={imgsz} is over this server's max_imgsz={self.max_imgsz}; ask for "
+        merged.pop("color_format", None)  # decoding happens before batching: not part of the key
+        decode = {k: COMMON_PREDICT_OPTIONS[k].check(k, merged.pop(k)) for k in ("decode",) if k in merged}
+        plan = self.model.plan(device=self._device, batch=self.max_batch, **merged)  # wrong options raise here
+        if self.max_imgsz is not None and plan.imgsz > self.max_imgsz:
+            raise RequestTooLarge(f"imgsz={plan.imgsz} is over this server's max_imgsz={self.max_imgsz}; ask for "
                                   f"imgsz<={self.max_imgsz} or leave it out")
-        check_input_budget(self.max_batch, imgsz, explicit=True)
-        common["imgsz"] = imgsz
-        call = {**common, **{k: task[k] for k in merged if k in task}}
-        key = hashable({**common, **dict(task)})
-        return key, call
+        checked = {"half": plan.half, "cuda_graph": plan.graph, **plan.task_options}
+        call = {**{k: checked.get(k, v) for k, v in merged.items()}, "imgsz": plan.imgsz, **decode}
+        return (plan, *sorted(decode.items())), call
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Raise :class:`ArgumentError` when one request's options are wrong, as :meth:`submit` would."""

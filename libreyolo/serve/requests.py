@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,15 +38,6 @@ class Launched:
 
     def ready(self) -> bool:
         return self.event is None or bool(self.event.query())
-
-
-def hashable(value: Any) -> Any:
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = sorted(value) if isinstance(value, (set, frozenset)) else value
-        return tuple(hashable(v) for v in items)
-    if isinstance(value, Mapping):
-        return tuple(sorted((k, hashable(v)) for k, v in value.items()))
-    return value
 
 
 def default_batch_sizes(max_batch: int) -> tuple[int, ...]:

@@ -45,7 +45,7 @@ def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 
     and ``libreyolo val`` use too); ``imgsz`` is the model's (an artifact's: the size it was
     exported for) unless given, and must be a multiple of its stride.
     """
-    from libreyolo.options import check_all, check_input_budget
+    from libreyolo.options import check_all
     from libreyolo.tasks import get_task
     from libreyolo.train.data import build_dataloader
     from libreyolo.train.evaluate import evaluate
@@ -57,8 +57,8 @@ def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 
     if not o["data"]:
         raise ArgumentError(f"val needs data=: {task.data_help}")
     conf, iou, batch, max_det, workers = o["conf"], o["iou"], o["batch"], o["max_det"], o["workers"]
-    size = model.family.check_imgsz(model.imgsz if o["imgsz"] is None else o["imgsz"])
-    check_input_budget(batch, size, explicit=True)
+    # the input size and budget as predict() resolves them (the call plan; val runs the float32 network)
+    size = model.plan(imgsz=o["imgsz"], batch=batch, half=False).imgsz
     require_train_extra(model.task)  # before the dataset is scanned
     cfg = load_dataset(model.task, data)
     if task.has_classes and cfg.nc != model.nc:
