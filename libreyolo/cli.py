@@ -16,7 +16,7 @@ from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, as_output_
 from libreyolo.quant.options import QUANT_OPTIONS
 from libreyolo.serve.cli import SERVE_OPTS, cmd_serve
 from libreyolo.tasks import all_task_options
-from libreyolo.track.options import TRACK_OPTIONS
+from libreyolo.track.options import SYNTH_OPTIONS, TRACK_OPTIONS, TRACK_VAL_OPTIONS
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
 
@@ -235,6 +235,7 @@ VAL_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or artifact (.onnx, .pte, .pt2, .engine, .mlpackage, .tflite, "
                             "_ncnn_model/, _openvino_model/)"),
     **{k: VAL_OPTIONS[k] for k in ("data", "imgsz", "batch", "workers", "device", "conf", "iou", "max_det")},
+    **TRACK_VAL_OPTIONS,  # tracker=: data= is a folder of MOTChallenge sequences (libreyolo.track.evaluate)
 }
 
 
@@ -262,7 +263,35 @@ def cmd_val(args: dict[str, Any]) -> int:
         raise UsageError("val needs model=<checkpoint or artifact> and data=<dataset YAML, image-folder root, "
                          "or a folder of high-resolution images (restore)>")
     model = LibreYOLO(args.pop("model"), device=args["device"])
-    print(json.dumps(model.val(**args), indent=1))
+    if args["tracker"] is not None:
+        from libreyolo.track.evaluate import format_table
+
+        # the detector's own predict defaults (conf, iou) unless given: mAP's conf=0.001 is no tracker input
+        given = {k: args[k] for k in ("imgsz", "batch", "device", "conf", "iou", "max_det") if k in args.given}
+        result = model.val(data=args["data"], tracker=args["tracker"], json=args["json"], **given)
+        print(format_table(result))
+        if args["json"]:
+            print(f"wrote {args['json']}")
+        return 0
+    args.pop("tracker")
+    json_path = args.pop("json")
+    metrics = model.val(**args)
+    text = json.dumps(metrics, indent=1)
+    print(text)
+    if json_path:
+        from libreyolo.utils.atomic import atomic_write
+
+        atomic_write(json_path, lambda tmp: tmp.write_text(text + "\n"))
+    return 0
+
+
+def cmd_track_synth(args: dict[str, Any]) -> int:
+    from libreyolo.track.synth import make_mot_sequences
+
+    if not args["out"]:
+        raise UsageError("track-synth needs out=<folder> for the sequences")
+    root = make_mot_sequences(args.pop("out"), **args)
+    print(f"wrote {args['sequences']} sequences of {args['frames']} frames to {root} (MOTChallenge layout)")
     return 0
 
 
@@ -332,7 +361,10 @@ COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]]
     "export": (cmd_export, EXPORT_OPTS, "Export to ONNX, ExecuTorch, CoreML, TensorRT, AOTI or Triton, validated."),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "One row per format: size, validation, error, metric, speed."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
-    "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM)."),
+    "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM), "
+            "or a tracker on MOTChallenge sequences (HOTA, IDF1, MOTA)."),
+    "track-synth": (cmd_track_synth, SYNTH_OPTIONS, "Write synthetic tracking sequences of moving shapes "
+                    "(MOTChallenge layout) for `libreyolo val tracker=...`."),
     "compare": (cmd_compare, COMPARE_OPTS, "Re-validate an artifact against a checkpoint (exit 0: match)."),
     "quantize": (cmd_quantize, QUANTIZE_OPTS, "Calibrate simulated INT8/FP8 and write the quantized checkpoint."),
     "serve": (cmd_serve, SERVE_OPTS, "Serve a model over HTTP (micro-batched; POST /predict, a page at /)."),

@@ -108,7 +108,17 @@ class Predictor:
         PSNR and SSIM on Y and RGB (restore, on a folder of high-resolution images).
         The same code for the eager model and every artifact runtime, which
         supply only the forward: ``model.val(data="data.yaml", imgsz=640, batch=16, conf=0.001,
-        iou=0.7)`` (options: :func:`libreyolo.train.val.val`)."""
+        iou=0.7)`` (options: :func:`libreyolo.train.val.val`).
+
+        With ``tracker=`` (bytetrack, sort, ocsort, botsort), ``data`` is a folder of MOTChallenge
+        sequences and the result is the tracking metrics (HOTA, IDF1, MOTA per sequence and combined:
+        :func:`libreyolo.track.evaluate.val_tracking`; ``json=`` also writes them, the other options
+        are :meth:`predict`'s)."""
+        if kwargs.get("tracker") is not None:
+            from libreyolo.track.evaluate import val_tracking
+
+            json_path = kwargs.pop("json", None)
+            return val_tracking(self, json_path=json_path, **kwargs)
         from libreyolo.train.val import val
 
         return val(self, **kwargs)
