@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from libreyolo.data.video import NETWORK_TIMEOUT_S
 from libreyolo.options import (
     MAX_BENCH_N,
     MAX_WORKERS,
@@ -46,6 +47,11 @@ VIDEO_OPTIONS: dict[str, Opt] = {
     "start_frame": Opt(int, 0, "video sources: the first frame to predict (0-based; earlier frames are decoded "
                        "and dropped)", min=0),
     "end_frame": Opt(int, None, "video sources: stop before this frame (unset: the end of the video)", min=1),
+    "reconnect": Opt(int, 0, "live sources (streams, webcams): reopen a stream that drops or stalls up to this many "
+                     "times (waiting 0.5, 1, 2, 4, then 8 s before each try), then stop with an error; 0: stop at "
+                     "once", min=0, max=10_000),
+    "stream_timeout": Opt(float, NETWORK_TIMEOUT_S, "live sources: seconds to open a stream and to wait for its next "
+                          "data before it counts as stalled", min=0.1, max=3600.0, unit="s"),
 }
 
 # what a video source (file, stream, webcam) takes: frames kept, and the annotated video (libreyolo.data.video)

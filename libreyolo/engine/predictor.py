@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from libreyolo.data.sources import SourceImage, Sources, open_sources
+from libreyolo.data.video import NETWORK_TIMEOUT_S
 from libreyolo.engine.stream import (
     Feeder,
     StagedBatch,
@@ -162,6 +163,8 @@ class Predictor:
         vid_stride: int = 1,
         start_frame: int = 0,
         end_frame: int | None = None,
+        reconnect: int = 0,
+        stream_timeout: float = NETWORK_TIMEOUT_S,
         save: bool = False,
         save_dir: str = "runs/predict",
         **options: Any,
@@ -200,12 +203,15 @@ class Predictor:
         decoded by PyAV on a thread of its own as its batches come (extra ``video``; docs/video.md):
         ``vid_stride`` keeps every n-th frame, ``start_frame``/``end_frame`` a range, and each Results
         has ``frame`` and ``timestamp``. Use ``stream=True`` for long videos (a list keeps every frame).
+        A live stream that drops or stalls (no data for ``stream_timeout`` seconds) ends with an
+        error, or is reopened up to ``reconnect`` times with a growing wait (frame indices go on).
         ``save=True`` writes the annotated video to ``save_dir/<name>.mp4`` (video sources only).
         """
         return self._predict_source(source, options, dict(
             imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph, color_format=color_format,
             verbose=verbose, stream=stream, progress=progress, workers=workers, decode=decode, vid_stride=vid_stride,
-            start_frame=start_frame, end_frame=end_frame, save=save, save_dir=save_dir))
+            start_frame=start_frame, end_frame=end_frame, reconnect=reconnect, stream_timeout=stream_timeout, save=save,
+            save_dir=save_dir))
 
     def track(self, source: Any = None, *, tracker: str = "bytetrack", persist: bool = False,
               **kwargs: Any) -> Results | list[Results] | Iterator[Results]:
@@ -254,7 +260,9 @@ class Predictor:
         if given["save"] and not is_video(source):
             raise ArgumentError("save=True writes the annotated video of a video source; for images use "
                                 "Results.save() or `libreyolo predict`")
-        video = {k: given[k] for k in ("vid_stride", "start_frame", "end_frame")}
+        from libreyolo.engine.options import VIDEO_OPTIONS
+
+        video = {k: given[k] for k in VIDEO_OPTIONS}
         sources = open_sources(source, color_format=given["color_format"], video=video)
         if given["decode"] == "cuda":
             sources.decode_on = _device_decoding(run_device)
