@@ -47,6 +47,7 @@ PREDICT_OPTS: dict[str, Opt] = {
     "json": Opt(as_bool, False, "also write predictions (detections, top-5 classes, class areas) as JSON next to "
                 "each image",
                 True),
+    **{k: PREDICT_OPTIONS[k] for k in ("save_json", "save_csv")},
     "verify": Opt(as_bool, True, "refuse artifacts changed since export and checkpoints with NaN/Inf weights", True),
 }
 
@@ -151,7 +152,8 @@ def _predict_or_track(args: dict[str, Any], *, track: bool) -> int:
     if track:
         task_opts.update(tracker=args["tracker"], persist=False)
     if video:  # one annotated video (written by predict itself), not an image per frame
-        task_opts.update({k: args[k] for k in VIDEO_OPTIONS}, save=args["save"], save_dir=str(save_dir))
+        task_opts.update({k: args[k] for k in VIDEO_OPTIONS}, save=args["save"], save_dir=str(save_dir),
+                         save_json=args["save_json"], save_csv=args["save_csv"])
     run = model.track if track else model.predict
     results = run(source, imgsz=args["imgsz"], half=args["half"], device=args["device"],
                   batch=args["batch"], cuda_graph=args["cuda_graph"], workers=args["workers"],

@@ -59,6 +59,9 @@ VIDEO_PREDICT_OPTIONS: dict[str, Opt] = {
     **VIDEO_OPTIONS,
     "save": Opt(as_bool, False, "video sources: write the annotated video to save_dir/<name>.mp4", True),
     "save_dir": Opt(str, "runs/predict", "where the annotated video goes"),
+    "save_json": Opt(as_bool, False, "video sources: write every frame's predictions to save_dir/<name>.json", True),
+    "save_csv": Opt(as_bool, False, "video sources: write every prediction of every frame as a row of "
+                    "save_dir/<name>.csv", True),
 }
 
 # with the tasks' own options (libreyolo.tasks: detect conf, iou, max_det, max_nms, classes; semantic
