@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo.errors import ImageError, require
+from libreyolo.options import NETWORK_TIMEOUT_S
 from libreyolo.utils.log import LOGGER
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".ts", ".wmv",
                             ".flv", ".gif", ".3gp", ".asf", ".mts", ".m2ts"})
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
-NETWORK_TIMEOUT_S = 5.0  # opening and reading a network stream: longer is an error, not a hang (stream_timeout)
 RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.5, 8.0  # the wait before the first reconnection attempt, doubling to the max
 QUEUE_FRAMES = 8         # decoded frames waiting for their batch, at most (the decode thread's lead)
 _WEBCAM = re.compile(r"^\d{1,3}$")

@@ -5,10 +5,10 @@
 """
 from __future__ import annotations
 
-from libreyolo.data.video import NETWORK_TIMEOUT_S
 from libreyolo.options import (
     MAX_BENCH_N,
     MAX_WORKERS,
+    NETWORK_TIMEOUT_S,
     Opt,
     as_bool,
     as_compile_mode,
