@@ -143,12 +143,15 @@ def _predict_or_track(args: dict[str, Any], *, track: bool) -> int:
             save_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create save_dir {save_dir}: {exc.strerror or exc}") from None
-    model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"], compile=args["compile"])
     source = args["source"] or SAMPLE_IMAGE
-    task_opts = {k: args[k] for k in all_task_options() if k in args.given}
     from libreyolo.data.video import is_video
 
     video = is_video(source)
+    for key in ("save_json", "save_csv"):  # before the model loads
+        if args[key] and not video:
+            raise UsageError(f"{key}=true writes the predictions of a video source; for images use json=true")
+    model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"], compile=args["compile"])
+    task_opts = {k: args[k] for k in all_task_options() if k in args.given}
     if track:
         task_opts.update(tracker=args["tracker"], persist=False)
     if video:  # one annotated video (written by predict itself), not an image per frame

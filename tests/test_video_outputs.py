@@ -60,6 +60,13 @@ def test_per_frame_json_and_csv_are_written_atomically(demo, clip, tracked, tmp_
         list(demo.predict(cut, imgsz=IMGSZ, stream=True, save_json=True, save_dir=tmp_path))
     assert (tmp_path / "shapes.json").read_text() == "older"
     assert sorted(os.listdir(tmp_path)) == ["cut", "shapes.csv", "shapes.json"]
+    # images: refused where declared, in the API and the CLI alike
+    from libreyolo.cli import main as cli_main
+    from libreyolo.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="save_csv=True writes the predictions of a video source"):
+        demo.predict(np.zeros((32, 32, 3), np.uint8), save_csv=True)
+    assert cli_main(["predict", "model=LibreYOLO9t-shapes.pt", "save_json=true"]) == 2
 
 
 def test_progress_bar_counts_frames_per_second(demo, clip, capfd):

@@ -244,7 +244,8 @@ class Predictor:
         def wrap(run: Iterator[Results], sources: Sources) -> Iterator[Results]:
             fps = sources.video.fps / call["vid_stride"] if sources.video is not None else None
             # the tracker may trail the predictions by one batch (they are in memory already)
-            return tracked(run, state.tracker_for(name, key, fps, persist), ahead=call["batch"] or self.default_batch)
+            return tracked(run, state.tracker_for(name, key, fps, persist), ahead=call["batch"] or self.default_batch,
+                           threaded=not sources.single)
 
         return self._predict_source(source, kwargs, call, wrap)
 

@@ -74,14 +74,20 @@ class Tracking:
             self.kept.clear()
 
 
-def tracked(results: Iterator[Any], tracker: Any, *, ahead: int = 1) -> Iterator[Any]:
+def tracked(results: Iterator[Any], tracker: Any, *, ahead: int = 1, threaded: bool = True) -> Iterator[Any]:
     """``results`` (one stream's, in frame order) with their boxes replaced by the tracked ones.
 
     The tracker runs off the critical path: frame N's update runs on a thread of its own while
     frame N+1 is predicted (the network's work releases the GIL), one frame after another in
     order, at most ``ahead`` frames behind the predictions: the same results as updating inline
     (one worker, in frame order). Each Results' ``speed["track"]`` is its update's milliseconds.
-    An error of the tracker is raised at its frame, after the frames before it."""
+    An error of the tracker is raised at its frame, after the frames before it. ``threaded=False``
+    (one image per call, e.g. a ``track(frame, persist=True)`` loop: nothing to overlap) updates inline."""
+    if not threaded:
+        for r in results:
+            _timed_apply(tracker, r)
+            yield r
+        return
     pending: deque[tuple[Any, Future]] = deque()
     pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-track")
     try:
