@@ -20,9 +20,10 @@ and track run on threads of their own, overlapped with the network: their share 
 not their addition to the frame time. A warm-up pass of ``--warmup`` frames (graph capture) comes
 first. ``--reference DIR`` runs the reference libreyolo 1.6.0 (its package unpacked in DIR) in a
 subprocess on the same video and weights: its video predict (``model(source=video, stream=True,
-save=True, half=..., cuda_graph=...)``) and its track (``model.track(source=video, save=True)``,
-under ``cuda_graph_scope`` when graphed; its track takes no ``half``), and the table gets a ratio
-column. Writes JSON to ``bench/results/`` (device, torch, command) unless ``--json`` says where.
+save=True, cuda_graph=...)``) and its track (``model.track(source=video, save=True)``, under
+``cuda_graph_scope`` when graphed); with ``--half`` it is cast by its own ``quantize(recipe="fp16",
+calib=None)`` first (its predict treats ``half=`` as a no-op). The table gets a ratio column. Writes
+JSON to ``bench/results/`` (device, torch, command) unless ``--json`` says where.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def sync(model: Any) -> None:
 def timed_run(model: Any, video: Path, *, track: bool, args: argparse.Namespace, out: Path) -> dict:
     """One pass over the video: frames/s and each stage's ms a frame and share of the frame time."""
     kw = dict(imgsz=args.imgsz, half=args.half, cuda_graph=args.cuda_graph, batch=1, stream=True, save=True,
-              save_dir=str(out))
+              save_dir=str(out), **({} if args.conf is None else {"conf": args.conf}))
     run = (lambda **k: model.track(str(video), tracker=args.tracker, **k)) if track else \
         (lambda **k: model.predict(str(video), **k))
     list(run(**{**kw, "end_frame": args.warmup}))  # capture graphs, allocate, start the encoder once
@@ -107,11 +108,17 @@ import contextlib, json, sys, time, torch, libreyolo
 cfg = json.loads(sys.argv[1])
 m = libreyolo.LibreYOLO(cfg["weights"], device=cfg["device"])
 sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
-out = {"version": libreyolo.__version__, "rows": []}
+out = {"version": libreyolo.__version__, "rows": [], "half": False}
+if cfg["half"]:  # its predict ignores half= (a no-op there); fp16 is its cast recipe, for predict and track alike
+    try:
+        m.quantize(recipe="fp16", calib=None, verbose=False)
+        out["half"] = "quantize(recipe='fp16', calib=None)"
+    except Exception as exc:
+        out["half"] = f"not applied: {type(exc).__name__}: {exc}"[:300]
 
 def predict(limit):
     kw = dict(source=cfg["video"], stream=True, save=True, output_path=cfg["out"] + "/ref-predict.mp4",
-              imgsz=cfg["imgsz"], half=cfg["half"], cuda_graph=cfg["cuda_graph"])
+              imgsz=cfg["imgsz"], cuda_graph=cfg["cuda_graph"], **cfg["conf"])
     n = 0
     for r in m(**kw):
         n += 1
@@ -124,7 +131,7 @@ def track(limit):
     n = 0
     with scope:
         for r in m.track(source=cfg["video"], save=True, output_path=cfg["out"] + "/ref-track.mp4",
-                         imgsz=cfg["imgsz"], tracker=cfg["tracker"]):
+                         imgsz=cfg["imgsz"], tracker=cfg["tracker"], **cfg["conf"]):
             n += 1
             if n >= limit:
                 break
@@ -138,8 +145,7 @@ for name, fn in (("predict", predict), ("track", track)):
         n = fn(10 ** 9)
         sync()
         wall = time.perf_counter() - t
-        row.update(frames=n, fps=round(n / wall, 2), frame_ms=round(1e3 * wall / n, 3),
-                   half=cfg["half"] if name == "predict" else False)
+        row.update(frames=n, fps=round(n / wall, 2), frame_ms=round(1e3 * wall / n, 3))
     except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     out["rows"].append(row)
@@ -153,7 +159,7 @@ def run_reference(args: argparse.Namespace, model: Any, video: Path, tmp: Path) 
     weights = str(Path(args.model).resolve()) if Path(args.model).is_file() else str(model.save(tmp / "weights.pt"))
     cfg = {"weights": weights, "video": str(video), "out": str(tmp), "imgsz": args.imgsz, "half": args.half,
            "cuda_graph": bool(args.cuda_graph), "device": str(model.device), "warmup": args.warmup,
-           "tracker": args.tracker}
+           "tracker": args.tracker, "conf": {} if args.conf is None else {"conf": args.conf}}
     env = {**os.environ, "PYTHONPATH": str(Path(args.reference).resolve())}
     proc = subprocess.run([sys.executable, "-c", REFERENCE, json.dumps(cfg)], capture_output=True, text=True,
                           cwd=tmp, env=env)  # outside the checkout: its libreyolo, not ours
@@ -194,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--half", action="store_true", help="fp16 (CUDA)")
     ap.add_argument("--cuda-graph", action="store_true", help="replay the forward from CUDA graphs")
     ap.add_argument("--tracker", default="bytetrack")
+    ap.add_argument("--conf", type=float, help="detection threshold (default: the model's); an untrained model "
+                    "(a .yaml) gives the tracker few boxes unless it is low")
     ap.add_argument("--device", default=None)
     ap.add_argument("--warmup", type=int, default=10, help="frames of the warm-up pass")
     ap.add_argument("--reference", help="folder holding the unpacked reference libreyolo 1.6.0 package")
@@ -210,14 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="video-bench-") as tmp:
         tmp = Path(tmp)
         video = args.video or make_video(tmp / "bench-1080p.mp4", args.frames)
+        print(f"video ready: {video}", file=sys.stderr, flush=True)
         rows = [decode_alone(video)]
         for track in (False, True):
+            print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
             rows.append(timed_run(model, video, track=track, args=args, out=tmp / "out"))
         ref = run_reference(args, model, video, tmp) if args.reference else None
     result = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "device": torch.cuda.get_device_name(model.device) if cuda else platform.processor() or "cpu",
               "torch": torch.__version__, "python": platform.python_version(), "model": args.model,
-              "imgsz": args.imgsz, "half": args.half, "cuda_graph": args.cuda_graph, "tracker": args.tracker,
+              "imgsz": args.imgsz, "conf": args.conf, "half": args.half,
+              "cuda_graph": args.cuda_graph, "tracker": args.tracker,
               "video": str(args.video or f"made here: 1920x1080 H.264, {args.frames} frames"), "rows": rows,
               "reference": ref}
     print(table(rows, ref))

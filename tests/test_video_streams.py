@@ -6,6 +6,7 @@ attempts are 0.5 s then 1 s.
 from __future__ import annotations
 
 import io
+import itertools
 import socket
 import threading
 import time
@@ -40,9 +41,11 @@ def ts_clip() -> bytes:
 
 
 class Server:
-    """Serves one behaviour per connection, in turn: ``(bytes, "close" | "stall")``; then refuses."""
+    """Serves one behaviour per connection, in turn: ``(bytes, "close" | "stall")``; then refuses, or with
+    ``forever`` repeats the last one (until the test ends)."""
 
-    def __init__(self, plan: list[tuple[bytes, str]]) -> None:
+    def __init__(self, plan: list[tuple[bytes, str]], forever: bool = False) -> None:
+        self.forever = forever
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4)
@@ -53,8 +56,14 @@ class Server:
         self.thread.start()
 
     def _serve(self, plan: list[tuple[bytes, str]]) -> None:
-        for data, then in plan:
-            conn, _ = self.sock.accept()
+        for k in itertools.count():
+            if k >= len(plan) and not self.forever:
+                break
+            data, then = plan[min(k, len(plan) - 1)]
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed by __exit__
+                return
             self.conns.append(conn)
             conn.sendall(data)
             if then == "stall":

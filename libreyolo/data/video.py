@@ -90,6 +90,7 @@ class VideoSource:
         av = _av()
         self._container, self.info = _open(av, source, stream_timeout)
         self.reconnects = 0  # times the stream was reopened after a drop or a stall
+        self._streak, self._waited, self._last = 0, 0.0, ""  # attempts (and their waits) since the last frame
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
         self._thread: threading.Thread | None = None
@@ -159,6 +160,7 @@ class VideoSource:
                     stream.thread_type = "AUTO"
                     for frame in self._container.decode(stream):
                         index += 1
+                        self._streak, self._waited = 0, 0.0  # a frame came: the stream is back
                         self.decoded = index + 1
                         if self._stop.is_set() or (self.end is not None and index >= self.end):
                             break
@@ -207,29 +209,32 @@ class VideoSource:
         return f"the stream dropped ({_why(exc)})"
 
     def _reopen(self, av: Any, cause: str) -> bool:
-        """Reopen a live stream that dropped or stalled: up to ``reconnect`` tries, waiting
+        """Reopen a live stream that dropped or stalled: up to ``reconnect`` tries in a row without a
+        frame between them (a stream that opens and ends at once counts), waiting
         :func:`reconnect_delay` before each. False (an error queued for the consumer) when none worked."""
         try:
             self._container.close()
         except Exception:  # a stream that failed mid-way: nothing left to release
             pass
-        waited, last = 0.0, ""
-        for attempt in range(1, self.reconnect + 1):
-            delay = reconnect_delay(attempt)
+        while self._streak < self.reconnect:
+            self._streak += 1
+            delay = reconnect_delay(self._streak)
             if self._stop.wait(delay):
                 return False
-            waited += delay
+            self._waited += delay
             try:
                 self._container, _ = _open(av, self._source, self.timeout)
             except ImageError as exc:
-                last = str(exc)
+                self._last = str(exc)
                 continue
             self.reconnects += 1
-            LOGGER.warning("%s: %s; reconnected (attempt %d of %d)", self.info.name, cause, attempt, self.reconnect)
+            LOGGER.warning("%s: %s; reconnected (attempt %d of %d)", self.info.name, cause, self._streak,
+                           self.reconnect)
             return True
+        last = f" (last: {self._last})" if self._last else ""
         self._put(("error", ImageError(
             f"{self.info.name}: {cause} after frame {self.decoded - 1}, and {self.reconnect} reconnection "
-            f"attempt{'s' * (self.reconnect > 1)} over {waited:.1f} s failed (last: {last}); check the source, "
+            f"attempt{'s' * (self.reconnect > 1)} over {self._waited:.1f} s failed{last}; check the source, "
             "or allow more with reconnect=")))
         return False
 
