@@ -17,7 +17,7 @@ from libreyolo.options import Opt, as_bool, as_device, as_graph_mode, as_output_
 from libreyolo.quant.options import QUANT_OPTIONS
 from libreyolo.serve.cli import SERVE_OPTS, cmd_serve
 from libreyolo.tasks import all_task_options
-from libreyolo.track.options import TRACK_OPTIONS
+from libreyolo.track.options import SYNTH_OPTIONS, TRACK_OPTIONS, TRACK_VAL_OPTIONS
 from libreyolo.train.options import TRAIN_OPTIONS, VAL_OPTIONS
 
 
@@ -48,6 +48,7 @@ PREDICT_OPTS: dict[str, Opt] = {
     "json": Opt(as_bool, False, "also write predictions (detections, top-5 classes, class areas) as JSON next to "
                 "each image",
                 True),
+    **{k: PREDICT_OPTIONS[k] for k in ("save_json", "save_csv")},
     "verify": Opt(as_bool, True, "refuse artifacts changed since export and checkpoints with NaN/Inf weights", True),
 }
 
@@ -143,16 +144,20 @@ def _predict_or_track(args: dict[str, Any], *, track: bool) -> int:
             save_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot create save_dir {save_dir}: {exc.strerror or exc}") from None
-    model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"], compile=args["compile"])
     source = args["source"] or SAMPLE_IMAGE
-    task_opts = {k: args[k] for k in all_task_options() if k in args.given}
     from libreyolo.data.video import is_video
 
     video = is_video(source)
+    for key in ("save_json", "save_csv"):  # before the model loads
+        if args[key] and not video:
+            raise UsageError(f"{key}=true writes the predictions of a video source; for images use json=true")
+    model = LibreYOLO(args["model"], device=args["device"], verify=args["verify"], compile=args["compile"])
+    task_opts = {k: args[k] for k in all_task_options() if k in args.given}
     if track:
         task_opts.update(tracker=args["tracker"], persist=False)
     if video:  # one annotated video (written by predict itself), not an image per frame
-        task_opts.update({k: args[k] for k in VIDEO_OPTIONS}, save=args["save"], save_dir=str(save_dir))
+        task_opts.update({k: args[k] for k in VIDEO_OPTIONS}, save=args["save"], save_dir=str(save_dir),
+                         save_json=args["save_json"], save_csv=args["save_csv"])
     run = model.track if track else model.predict
     results = run(source, imgsz=args["imgsz"], half=args["half"], device=args["device"],
                   batch=args["batch"], cuda_graph=args["cuda_graph"], workers=args["workers"],
@@ -236,6 +241,7 @@ VAL_OPTS: dict[str, Opt] = {
     "model": Opt(str, None, "checkpoint (.pt) or artifact (.onnx, .pte, .pt2, .engine, .mlpackage, .tflite, "
                             "_ncnn_model/, _openvino_model/)"),
     **{k: VAL_OPTIONS[k] for k in ("data", "imgsz", "batch", "workers", "device", "conf", "iou", "max_det")},
+    **TRACK_VAL_OPTIONS,  # tracker=: data= is a folder of MOTChallenge sequences (libreyolo.track.evaluate)
 }
 
 
@@ -263,7 +269,35 @@ def cmd_val(args: dict[str, Any]) -> int:
         raise UsageError("val needs model=<checkpoint or artifact> and data=<dataset YAML, image-folder root, "
                          "or a folder of high-resolution images (restore)>")
     model = LibreYOLO(args.pop("model"), device=args["device"])
-    print(json.dumps(model.val(**args), indent=1))
+    if args["tracker"] is not None:
+        from libreyolo.track.evaluate import format_table
+
+        # the detector's own predict defaults (conf, iou) unless given: mAP's conf=0.001 is no tracker input
+        given = {k: args[k] for k in ("imgsz", "batch", "device", "conf", "iou", "max_det") if k in args.given}
+        result = model.val(data=args["data"], tracker=args["tracker"], json=args["json"], **given)
+        print(format_table(result))
+        if args["json"]:
+            print(f"wrote {args['json']}")
+        return 0
+    args.pop("tracker")
+    json_path = args.pop("json")
+    metrics = model.val(**args)
+    text = json.dumps(metrics, indent=1)
+    print(text)
+    if json_path:
+        from libreyolo.utils.atomic import atomic_write
+
+        atomic_write(json_path, lambda tmp: tmp.write_text(text + "\n"))
+    return 0
+
+
+def cmd_track_synth(args: dict[str, Any]) -> int:
+    from libreyolo.track.synth import make_mot_sequences
+
+    if not args["out"]:
+        raise UsageError("track-synth needs out=<folder> for the sequences")
+    root = make_mot_sequences(args.pop("out"), **args)
+    print(f"wrote {args['sequences']} sequences of {args['frames']} frames to {root} (MOTChallenge layout)")
     return 0
 
 
@@ -333,7 +367,10 @@ COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]]
                "\n\nformats:\n" + "\n".join(help_lines())),
     "benchmark": (cmd_benchmark, BENCH_OPTS, "One row per format: size, validation, error, metric, speed."),
     "train": (cmd_train, TRAIN_OPTS, "Train a model on a dataset (YOLO-format YAML or image folders)."),
-    "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM)."),
+    "val": (cmd_val, VAL_OPTS, "Validate a model on a dataset's val split (mAP, top-1/top-5, mIoU, or PSNR/SSIM), "
+            "or a tracker on MOTChallenge sequences (HOTA, IDF1, MOTA)."),
+    "track-synth": (cmd_track_synth, SYNTH_OPTIONS, "Write synthetic tracking sequences of moving shapes "
+                    "(MOTChallenge layout) for `libreyolo val tracker=...`."),
     "compare": (cmd_compare, COMPARE_OPTS, "Re-validate an artifact against a checkpoint (exit 0: match)."),
     "quantize": (cmd_quantize, QUANTIZE_OPTS, "Calibrate simulated INT8/FP8 and write the quantized checkpoint."),
     "serve": (cmd_serve, SERVE_OPTS, "Serve a model over HTTP (micro-batched; POST /predict, a page at /)."),

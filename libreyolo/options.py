@@ -30,6 +30,7 @@ MAX_EPOCHS = 100_000
 MAX_BENCH_N = 100_000     # timed calls per benchmark mode
 MAX_INPUT_PIXELS = 1 << 28  # batch * imgsz**2 of one forward: 3 x 4 bytes each, ~3 GiB of float32 input
 MAX_STR = 4096            # characters in a path or name option
+NETWORK_TIMEOUT_S = 5.0   # opening and reading a live stream: longer is an error, not a hang (stream_timeout)
 
 
 @dataclass(frozen=True)

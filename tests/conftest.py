@@ -85,6 +85,17 @@ def demo_pte(demo, tmp_path_factory):
                        verbose=False)
 
 
+@pytest.fixture(scope="session")
+def demo_onnx(demo, tmp_path_factory):
+    """The demo detector as ONNX at DEMO_IMGSZ (static), exported and validated once per session: val() on
+    artifacts and the video tests (an artifact tracks through the same code) share it."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (libreyolo[onnx])")
+    report = demo.export(format="onnx", imgsz=DEMO_IMGSZ, output=tmp_path_factory.mktemp("demo-onnx") / "demo.onnx",
+                         verbose=False)
+    assert report.validation.status == "passed", report.validation.text()
+    return report.path
+
+
 def spread_scores(model, seed: int = 0):
     """Give a seeded YOLOv9 well-separated class scores, so its detections survive float noise.
 

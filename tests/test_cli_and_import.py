@@ -28,7 +28,7 @@ def test_cli_help_and_argument_errors_answer_before_importing_torch():
             "        codes.append(main([c, 'bogus=1']))\n"
             "print(codes.count(0), codes.count(2), [m for m in ('torch', 'fastapi', 'onnx') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    n = 9  # commands (track: issue 48)
+    n = 10  # commands (track, track-synth: issue 48)
     from libreyolo.cli import COMMANDS
 
     assert len(COMMANDS) == n

@@ -44,14 +44,6 @@ def eager_metrics(demo, shapes_val) -> dict[str, float]:
     return metrics
 
 
-@pytest.fixture(scope="session")
-def demo_onnx(demo, tmp_path_factory) -> Path:
-    report = demo.export(format="onnx", imgsz=IMGSZ, output=tmp_path_factory.mktemp("val-onnx") / "demo.onnx",
-                         verbose=False)
-    assert report.validation.status == "passed", report.validation.text()
-    return report.path
-
-
 def _same(a: dict[str, float], b: dict[str, float]) -> None:
     for key in ("mAP50-95", "mAP50", "recall"):
         assert abs(a[key] - b[key]) <= TOL, (key, a[key], b[key])

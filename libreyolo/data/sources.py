@@ -221,15 +221,20 @@ class Sources:
         on account of decoding ahead, and the same images in the same order as ``workers=0``.
         """
         chunk: list[Any] = []  # SourceImage, or EncodedJPEG with decode_on
-        for item, loaded in self._decoded(workers, lambda: size - len(chunk)):
-            if isinstance(loaded, ImageError):
-                self._skip(loaded, item.path, skip_unreadable)
-                continue
-            chunk.append(loaded)
-            if len(chunk) == size:
-                full = chunk[:]  # ``chunk`` itself stays the one list room() measures
-                chunk.clear()
-                yield self._finished(full, skip_unreadable)
+        try:
+            for item, loaded in self._decoded(workers, lambda: size - len(chunk)):
+                if isinstance(loaded, ImageError):
+                    self._skip(loaded, item.path, skip_unreadable)
+                    continue
+                chunk.append(loaded)
+                if len(chunk) == size:
+                    full = chunk[:]  # ``chunk`` itself stays the one list room() measures
+                    chunk.clear()
+                    yield self._finished(full, skip_unreadable)
+        except ImageError:  # a video that fails mid-way: its frames before the failure are predicted first
+            if chunk:
+                yield self._finished(chunk, skip_unreadable)
+            raise
         if chunk:
             yield self._finished(chunk, skip_unreadable)
 

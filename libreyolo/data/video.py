@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from libreyolo.errors import ImageError, require
+from libreyolo.options import NETWORK_TIMEOUT_S
+from libreyolo.utils.log import LOGGER
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".ts", ".wmv",
                             ".flv", ".gif", ".3gp", ".asf", ".mts", ".m2ts"})
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
-NETWORK_TIMEOUT_S = 5.0  # opening and reading a network stream: longer is an error, not a hang
+RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.5, 8.0  # the wait before the first reconnection attempt, doubling to the max
 QUEUE_FRAMES = 8         # decoded frames waiting for their batch, at most (the decode thread's lead)
 _WEBCAM = re.compile(r"^\d{1,3}$")
 MAX_WEBCAM = 255  # a larger integer is not a webcam index (it stays an unsupported source)
@@ -79,12 +81,16 @@ class VideoInfo:
 class VideoSource:
     """One opened video; iterate :meth:`frames` once. :meth:`close` stops the decode thread."""
 
-    def __init__(self, source: Any, *, vid_stride: int = 1, start_frame: int = 0, end_frame: int | None = None) -> None:
+    def __init__(self, source: Any, *, vid_stride: int = 1, start_frame: int = 0, end_frame: int | None = None,
+                 reconnect: int = 0, stream_timeout: float = NETWORK_TIMEOUT_S) -> None:
         if end_frame is not None and end_frame <= start_frame:
             raise ImageError(f"end_frame={end_frame} must be after start_frame={start_frame}")
         self.stride, self.start, self.end = vid_stride, start_frame, end_frame
+        self.reconnect, self.timeout, self._source = reconnect, stream_timeout, source
         av = _av()
-        self._container, self.info = _open(av, source)
+        self._container, self.info = _open(av, source, stream_timeout)
+        self.reconnects = 0  # times the stream was reopened after a drop or a stall
+        self._streak, self._waited, self._last = 0, 0.0, ""  # attempts (and their waits) since the last frame
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_FRAMES)
         self._thread: threading.Thread | None = None
@@ -145,23 +151,41 @@ class VideoSource:
 
         av = sys.modules["av"]
         info = self.info
+        index, last_t, shift = -1, 0.0, None  # shift: added to a reopened stream's timestamps (they restart)
         try:
-            stream = self._container.streams.video[0]
-            stream.thread_type = "AUTO"
-            index = -1
-            for frame in self._container.decode(stream):
-                index += 1
-                self.decoded = index + 1
-                if self._stop.is_set() or (self.end is not None and index >= self.end):
+            while True:
+                cause = None
+                try:
+                    stream = self._container.streams.video[0]
+                    stream.thread_type = "AUTO"
+                    for frame in self._container.decode(stream):
+                        index += 1
+                        self._streak, self._waited = 0, 0.0  # a frame came: the stream is back
+                        self.decoded = index + 1
+                        if self._stop.is_set() or (self.end is not None and index >= self.end):
+                            break
+                        if index < self.start or (index - self.start) % self.stride:
+                            continue
+                        arr = frame.to_ndarray(format="rgb24")
+                        t = float(frame.time) if frame.time is not None else index / info.fps
+                        if shift is None:
+                            shift = last_t + 1 / info.fps - t if self.reconnects else 0.0
+                        last_t = t + shift
+                        img = SourceImage(_as_tensor(arr), info.name, arr, frame=index, timestamp=last_t)
+                        if not self._put(("frame", img)):
+                            return
+                    else:
+                        cause = "the stream ended"
+                except av.error.FFmpegError as exc:
+                    if not (info.live and self.reconnect):
+                        raise
+                    cause = self._failure(av, exc)
+                stopped = self._stop.is_set() or (self.end is not None and index >= self.end)
+                if stopped or cause is None or not (info.live and self.reconnect):
                     break
-                if index < self.start or (index - self.start) % self.stride:
-                    continue
-                arr = frame.to_ndarray(format="rgb24")
-                t = frame.time if frame.time is not None else index / info.fps
-                img = SourceImage(_as_tensor(arr), info.name, arr, frame=index, timestamp=float(t))
-                if not self._put(("frame", img)):
+                if not self._reopen(av, cause):
                     return
-            stopped = self._stop.is_set() or (self.end is not None and index >= self.end)
+                shift = None
             if info.frames and not stopped and index + 1 < info.frames:
                 raise ImageError(f"{info.name}: the video ended after {index + 1} of its {info.frames} frames; "
                                  "the file is truncated or corrupt")
@@ -169,17 +193,62 @@ class VideoSource:
                 raise ImageError(f"{info.name}: start_frame={self.start} is past the video's last frame ({index})")
             self._put(("end", None))
         except av.error.FFmpegError as exc:
-            self._put(("error", ImageError(f"{info.name}: decoding failed ({_why(exc)}); the video may be truncated "
-                                           "or corrupt, or the stream dropped")))
+            if info.live:
+                msg = (f"{info.name}: {self._failure(av, exc)} after frame {self.decoded - 1}; pass reconnect=N "
+                       "to reopen it")
+            else:
+                msg = f"{info.name}: decoding failed ({_why(exc)}); the video may be truncated or corrupt"
+            self._put(("error", ImageError(msg)))
         except BaseException as exc:  # handed to the consumer, raised there in order
             self._put(("error", exc))
+
+    def _failure(self, av: Any, exc: Exception) -> str:
+        """What happened to a live stream, in words: a stall (the read timeout interrupted it) or a drop."""
+        if isinstance(exc, av.error.ExitError):
+            return f"the stream stalled (no data for {self.timeout:g} s)"
+        return f"the stream dropped ({_why(exc)})"
+
+    def _reopen(self, av: Any, cause: str) -> bool:
+        """Reopen a live stream that dropped or stalled: up to ``reconnect`` tries in a row without a
+        frame between them (a stream that opens and ends at once counts), waiting
+        :func:`reconnect_delay` before each. False (an error queued for the consumer) when none worked."""
+        try:
+            self._container.close()
+        except Exception:  # a stream that failed mid-way: nothing left to release
+            pass
+        while self._streak < self.reconnect:
+            self._streak += 1
+            delay = reconnect_delay(self._streak)
+            if self._stop.wait(delay):
+                return False
+            self._waited += delay
+            try:
+                self._container, _ = _open(av, self._source, self.timeout)
+            except ImageError as exc:
+                self._last = str(exc)
+                continue
+            self.reconnects += 1
+            LOGGER.warning("%s: %s; reconnected (attempt %d of %d)", self.info.name, cause, self._streak,
+                           self.reconnect)
+            return True
+        last = f" (last: {self._last})" if self._last else ""
+        self._put(("error", ImageError(
+            f"{self.info.name}: {cause} after frame {self.decoded - 1}, and {self.reconnect} reconnection "
+            f"attempt{'s' * (self.reconnect > 1)} over {self._waited:.1f} s failed{last}; check the source, "
+            "or allow more with reconnect=")))
+        return False
+
+
+def reconnect_delay(attempt: int) -> float:
+    """Seconds before reconnection attempt ``attempt`` (from 1): 0.5, 1, 2, 4, then 8 s each."""
+    return min(RECONNECT_FIRST_S * 2 ** (attempt - 1), RECONNECT_MAX_S)
 
 
 def _why(exc: Exception) -> str:
     return getattr(exc, "strerror", None) or str(exc)
 
 
-def _open(av: Any, source: Any) -> tuple[Any, VideoInfo]:
+def _open(av: Any, source: Any, timeout: float = NETWORK_TIMEOUT_S) -> tuple[Any, VideoInfo]:
     """(container, info) of ``source``, or ImageError saying why it cannot be opened."""
     live = False
     options: dict[str, str] = {}
@@ -193,7 +262,7 @@ def _open(av: Any, source: Any) -> tuple[Any, VideoInfo]:
         name = target
         if target.lower().startswith(STREAM_SCHEMES):
             live = True
-            us = str(int(NETWORK_TIMEOUT_S * 1e6))
+            us = str(int(timeout * 1e6))
             options = {"timeout": us, "rw_timeout": us}  # connect/read timeouts (microseconds)
             if target.lower().startswith("rtsp"):
                 options["rtsp_transport"] = "tcp"
@@ -205,10 +274,10 @@ def _open(av: Any, source: Any) -> tuple[Any, VideoInfo]:
                 raise ImageError(f"{target} is not a regular file")
     t0 = time.monotonic()
     try:
-        container = av.open(target, format=fmt, options=options, timeout=NETWORK_TIMEOUT_S if live else None)
+        container = av.open(target, format=fmt, options=options, timeout=timeout if live else None)
     except av.error.FFmpegError as exc:
-        if live and time.monotonic() - t0 >= 0.9 * NETWORK_TIMEOUT_S:
-            raise ImageError(f"cannot open {name}: no answer within {NETWORK_TIMEOUT_S:g} s ({_why(exc)})") from None
+        if live and time.monotonic() - t0 >= 0.9 * timeout:
+            raise ImageError(f"cannot open {name}: no answer within {timeout:g} s ({_why(exc)})") from None
         raise ImageError(f"cannot open {name}: {_why(exc)}" + (
             "" if live else "; the file may be truncated, corrupt or not a video")) from None
     except OSError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -72,7 +73,9 @@ def save_video(results: Iterator[Any], info: Any, save_dir: str | Path, *, vid_s
             n = 0
             try:
                 for r in results:
+                    t0 = time.perf_counter()
                     _encode(container, stream, _even(np.asarray(r.plot())))
+                    r.speed["write"] = (time.perf_counter() - t0) * 1e3  # drawing and encoding, ms
                     n += 1
                     yield r
             except GeneratorExit:  # the caller stopped early: keep what was written

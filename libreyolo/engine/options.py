@@ -8,6 +8,7 @@ from __future__ import annotations
 from libreyolo.options import (
     MAX_BENCH_N,
     MAX_WORKERS,
+    NETWORK_TIMEOUT_S,
     Opt,
     as_bool,
     as_compile_mode,
@@ -46,6 +47,11 @@ VIDEO_OPTIONS: dict[str, Opt] = {
     "start_frame": Opt(int, 0, "video sources: the first frame to predict (0-based; earlier frames are decoded "
                        "and dropped)", min=0),
     "end_frame": Opt(int, None, "video sources: stop before this frame (unset: the end of the video)", min=1),
+    "reconnect": Opt(int, 0, "live sources (streams, webcams): reopen a stream that drops or stalls up to this many "
+                     "times (waiting 0.5, 1, 2, 4, then 8 s before each try), then stop with an error; 0: stop at "
+                     "once", min=0, max=10_000),
+    "stream_timeout": Opt(float, NETWORK_TIMEOUT_S, "live sources: seconds to open a stream and to wait for its next "
+                          "data before it counts as stalled", min=0.1, max=3600.0, unit="s"),
 }
 
 # what a video source (file, stream, webcam) takes: frames kept, and the annotated video (libreyolo.data.video)
@@ -53,6 +59,9 @@ VIDEO_PREDICT_OPTIONS: dict[str, Opt] = {
     **VIDEO_OPTIONS,
     "save": Opt(as_bool, False, "video sources: write the annotated video to save_dir/<name>.mp4", True),
     "save_dir": Opt(str, "runs/predict", "where the annotated video goes"),
+    "save_json": Opt(as_bool, False, "video sources: write every frame's predictions to save_dir/<name>.json", True),
+    "save_csv": Opt(as_bool, False, "video sources: write every prediction of every frame as a row of "
+                    "save_dir/<name>.csv", True),
 }
 
 # with the tasks' own options (libreyolo.tasks: detect conf, iou, max_det, max_nms, classes; semantic

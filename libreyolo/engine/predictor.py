@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from libreyolo.data.sources import SourceImage, Sources, open_sources
+from libreyolo.data.video import NETWORK_TIMEOUT_S
 from libreyolo.engine.plan import EAGER, CallPlan, PlanCache, freeze
 from libreyolo.engine.stream import (
     Feeder,
@@ -150,7 +151,17 @@ class Predictor:
         PSNR and SSIM on Y and RGB (restore, on a folder of high-resolution images).
         The same code for the eager model and every artifact runtime, which
         supply only the forward: ``model.val(data="data.yaml", imgsz=640, batch=16, conf=0.001,
-        iou=0.7)`` (options: :func:`libreyolo.train.val.val`)."""
+        iou=0.7)`` (options: :func:`libreyolo.train.val.val`).
+
+        With ``tracker=`` (bytetrack, sort, ocsort, botsort), ``data`` is a folder of MOTChallenge
+        sequences and the result is the tracking metrics (HOTA, IDF1, MOTA per sequence and combined:
+        :func:`libreyolo.track.evaluate.val_tracking`; ``json=`` also writes them, the other options
+        are :meth:`predict`'s)."""
+        if kwargs.get("tracker") is not None:
+            from libreyolo.track.evaluate import val_tracking
+
+            json_path = kwargs.pop("json", None)
+            return val_tracking(self, json_path=json_path, **kwargs)
         from libreyolo.train.val import val
 
         return val(self, **kwargs)
@@ -230,8 +241,12 @@ class Predictor:
         vid_stride: int = 1,
         start_frame: int = 0,
         end_frame: int | None = None,
+        reconnect: int = 0,
+        stream_timeout: float = NETWORK_TIMEOUT_S,
         save: bool = False,
         save_dir: str = "runs/predict",
+        save_json: bool = False,
+        save_csv: bool = False,
         **options: Any,
     ) -> Results | list[Results] | Iterator[Results]:
         """Predict. One input gives one :class:`Results`; a list, directory or batch gives a list.
@@ -268,12 +283,17 @@ class Predictor:
         decoded by PyAV on a thread of its own as its batches come (extra ``video``; docs/video.md):
         ``vid_stride`` keeps every n-th frame, ``start_frame``/``end_frame`` a range, and each Results
         has ``frame`` and ``timestamp``. Use ``stream=True`` for long videos (a list keeps every frame).
-        ``save=True`` writes the annotated video to ``save_dir/<name>.mp4`` (video sources only).
+        A live stream that drops or stalls (no data for ``stream_timeout`` seconds) ends with an
+        error, or is reopened up to ``reconnect`` times with a growing wait (frame indices go on).
+        ``save=True`` writes the annotated video to ``save_dir/<name>.mp4`` (video sources only);
+        ``save_json=True`` / ``save_csv=True`` every frame's predictions to ``save_dir/<name>.json``
+        / ``.csv`` (:mod:`libreyolo.data.frame_log`).
         """
         return self._predict_source(source, options, dict(
             imgsz=imgsz, half=half, device=device, batch=batch, cuda_graph=cuda_graph, color_format=color_format,
             verbose=verbose, stream=stream, progress=progress, workers=workers, decode=decode, vid_stride=vid_stride,
-            start_frame=start_frame, end_frame=end_frame, save=save, save_dir=save_dir))
+            start_frame=start_frame, end_frame=end_frame, reconnect=reconnect, stream_timeout=stream_timeout, save=save,
+            save_dir=save_dir, save_json=save_json, save_csv=save_csv))
 
     def track(self, source: Any = None, *, tracker: str = "bytetrack", persist: bool = False,
               **kwargs: Any) -> Results | list[Results] | Iterator[Results]:
@@ -303,7 +323,9 @@ class Predictor:
 
         def wrap(run: Iterator[Results], sources: Sources) -> Iterator[Results]:
             fps = sources.video.fps / call["vid_stride"] if sources.video is not None else None
-            return tracked(run, state.tracker_for(name, key, fps, persist))
+            # the tracker may trail the predictions by one batch (they are in memory already)
+            return tracked(run, state.tracker_for(name, key, fps, persist), ahead=call["batch"] or self.default_batch,
+                           threaded=not sources.single)
 
         return self._predict_source(source, kwargs, call, wrap)
 
@@ -321,10 +343,14 @@ class Predictor:
         run_device = plan.device
         from libreyolo.data.video import is_video
 
-        if given["save"] and not is_video(source):
-            raise ArgumentError("save=True writes the annotated video of a video source; for images use "
-                                "Results.save() or `libreyolo predict`")
-        video = {k: given[k] for k in ("vid_stride", "start_frame", "end_frame")}
+        for key in ("save", "save_json", "save_csv"):
+            if given[key] and not is_video(source):
+                raise ArgumentError(f"{key}=True writes the {'annotated video' if key == 'save' else 'predictions'} "
+                                    "of a video source; for images use Results.save() / Results.to_json() or "
+                                    "`libreyolo predict json=true`")
+        from libreyolo.engine.options import VIDEO_OPTIONS
+
+        video = {k: given[k] for k in VIDEO_OPTIONS}
         sources = open_sources(source, color_format=given["color_format"], video=video)
         if given["decode"] == "cuda":
             sources.decode_on = _device_decoding(run_device)
@@ -341,6 +367,11 @@ class Predictor:
             from libreyolo.data.video_writer import save_video
 
             run = save_video(run, sources.video, given["save_dir"], vid_stride=given["vid_stride"])
+        for fmt in ("json", "csv"):
+            if given[f"save_{fmt}"]:
+                from libreyolo.data.frame_log import save_frames
+
+                run = save_frames(run, sources.video, given["save_dir"], fmt)
         if stream:
             return run
         results = list(run)
@@ -396,7 +427,8 @@ class Predictor:
         """
         total, step = sources.total, plan.batch
         long_run = total is None or total > step
-        bar = _progress_bar(total, show=long_run if progress is None else progress, auto=progress is None)
+        bar = _progress_bar(total, show=long_run if progress is None else progress, auto=progress is None,
+                            unit="frame" if sources.video is not None else "img")
         produced = seen_skips = 0
         batches = self._pipelined(sources, plan, workers) if workers > 0 else self._one_by_one(sources, plan)
         try:
@@ -571,13 +603,14 @@ class StageClock:
         return {"preprocess": pre / n, "inference": inference / n, "postprocess": post / n}
 
 
-def _progress_bar(total: int, *, show: bool, auto: bool) -> Any:
-    """A tqdm bar on stderr over ``total`` images, or None. ``auto``: only on a terminal."""
+def _progress_bar(total: int | None, *, show: bool, auto: bool, unit: str = "img") -> Any:
+    """A tqdm bar on stderr over ``total`` images or frames (None: a count and a rate only), or None.
+    ``auto``: only on a terminal."""
     if not show:
         return None
     import sys
 
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="img", desc="predict", file=sys.stderr, disable=None if auto else False,
+    return tqdm(total=total, unit=unit, desc="predict", file=sys.stderr, disable=None if auto else False,
                 dynamic_ncols=True)

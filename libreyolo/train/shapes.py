@@ -30,7 +30,7 @@ CLASSES = ("square", "circle", "triangle")
 _MAX_OVERLAP = 0.25  # at most this share of a shape's box may lie under another shape's box
 
 
-def _background(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+def background(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
     """Smooth random colour blotches plus per-pixel noise, uint8 HWC."""
     coarse = rng.uniform(40, 200, size=(4, 4, 3)).astype(np.uint8)
     smooth = np.asarray(Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32)
@@ -38,14 +38,15 @@ def _background(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(smooth + noise, 0, 255).astype(np.uint8)
 
 
-def _colour(rng: np.random.Generator) -> tuple[int, int, int]:
+def bright_colour(rng: np.random.Generator) -> tuple[int, int, int]:
     """A saturated, bright colour (stands out from the muted background)."""
     hsv = Image.new("HSV", (1, 1), (int(rng.integers(0, 256)), int(rng.integers(180, 256)),
                                     int(rng.integers(180, 256))))
     return hsv.convert("RGB").getpixel((0, 0))
 
 
-def _draw(draw: ImageDraw.ImageDraw, cls: int, box: tuple[int, int, int, int], colour: tuple[int, int, int]) -> None:
+def draw_shape(draw: ImageDraw.ImageDraw, cls: int, box: tuple[int, int, int, int],
+               colour: tuple[int, int, int]) -> None:
     """Fill shape ``cls`` so that it covers pixels x1..x2-1, y1..y2-1 (box edges x1, x2)."""
     x1, y1, x2, y2 = box
     if cls == 0:
@@ -79,7 +80,7 @@ def _image_size(imgsz: int, rng: np.random.Generator) -> tuple[int, int]:
 
 def _detection_image(imgsz: int, rng: np.random.Generator) -> tuple[Image.Image, list[tuple[int, tuple]]]:
     h, w = _image_size(imgsz, rng)
-    img = Image.fromarray(_background(h, w, rng))
+    img = Image.fromarray(background(h, w, rng))
     draw = ImageDraw.Draw(img)
     objects: list[tuple[int, tuple[int, int, int, int]]] = []
     for _ in range(int(rng.integers(1, 7))):
@@ -91,7 +92,7 @@ def _detection_image(imgsz: int, rng: np.random.Generator) -> tuple[Image.Image,
             continue  # no free spot: fewer shapes in this image
         cls = int(rng.integers(0, len(CLASSES)))
         objects.append((cls, box))
-        _draw(draw, cls, box, _colour(rng))
+        draw_shape(draw, cls, box, bright_colour(rng))
     return img, objects
 
 
@@ -114,8 +115,8 @@ def make_shapes_dataset(root: str | Path, *, n_train: int = 64, n_val: int = 16,
             for k in range(n):
                 cls = k % len(CLASSES)
                 h, w = _image_size(imgsz, rng)
-                img = Image.fromarray(_background(h, w, rng))
-                _draw(ImageDraw.Draw(img), cls, _shape_box(h, w, 0.45, 0.8, rng), _colour(rng))
+                img = Image.fromarray(background(h, w, rng))
+                draw_shape(ImageDraw.Draw(img), cls, _shape_box(h, w, 0.45, 0.8, rng), bright_colour(rng))
                 img.save(root / split / CLASSES[cls] / f"{split}_{k:05d}.jpg", quality=95)
         return root
     for split, n in (("train", n_train), ("val", n_val)):
@@ -156,7 +157,7 @@ _IGNORE = 255
 def _segmentation_sample(imgsz: int, nc: int, rng: np.random.Generator) -> tuple[Image.Image, Image.Image]:
     """One (RGB image, class-id mask) pair, each side 60%-100% of ``imgsz``."""
     h, w = (max(16, int(imgsz * rng.uniform(0.6, 1.0))) for _ in range(2))
-    img = Image.fromarray(_background(h, w, rng))
+    img = Image.fromarray(background(h, w, rng))
     mask = Image.new("L", (w, h), 0)
     draw_img, draw_mask = ImageDraw.Draw(img), ImageDraw.Draw(mask)
     for _ in range(int(rng.integers(1, 5))):
@@ -165,8 +166,8 @@ def _segmentation_sample(imgsz: int, nc: int, rng: np.random.Generator) -> tuple
         box = _shape_box(h, w, 0.15, 0.45, rng)
         jitter = rng.integers(-15, 16, 3)
         colour = tuple(int(v) for v in np.clip(np.array(SEGMENTATION_COLOURS[cls - 1][1]) + jitter, 0, 255))
-        _draw(draw_img, kind, box, colour)
-        _draw(draw_mask, kind, box, cls)  # the same pixels: later shapes cover earlier ones in both
+        draw_shape(draw_img, kind, box, colour)
+        draw_shape(draw_mask, kind, box, cls)  # the same pixels: later shapes cover earlier ones in both
     ids = np.asarray(mask).copy()
     edge = np.zeros(ids.shape, bool)
     edge[:, :-1] |= ids[:, :-1] != ids[:, 1:]
@@ -216,7 +217,7 @@ def _restore_sample(size: int, rng: np.random.Generator) -> Image.Image:
     for _ in range(int(rng.integers(2, 5))):
         side = int(rng.integers(size // 6, size // 2))
         x1, y1 = (int(v) for v in rng.integers(0, size - side, size=2))
-        _draw(draw, int(rng.integers(0, len(CLASSES))), (x1, y1, x1 + side, y1 + side), _colour(rng))
+        draw_shape(draw, int(rng.integers(0, len(CLASSES))), (x1, y1, x1 + side, y1 + side), bright_colour(rng))
     return img
 
 
@@ -247,24 +248,24 @@ def shapes_sequence(n_frames: int = 30, *, width: int = 160, height: int = 128, 
     lane = height // n_objects
     if lane < size or width < size + 2:
         raise ValueError(f"{n_objects} shapes of {size} px do not fit a {width}x{height} frame without overlap")
-    background = _background(height, width, rng)
+    backdrop = background(height, width, rng)
     objs = []
     for k in range(n_objects):
         x = float(rng.uniform(0, width - size))
         y = float(k * lane + rng.uniform(0, lane - size))
         angle = rng.uniform(-0.5, 0.5) + (0 if rng.random() < 0.5 else np.pi)
         objs.append({"cls": k % len(CLASSES), "x": x, "y": y, "dx": speed * np.cos(angle), "dy": speed * np.sin(angle),
-                     "lo": k * lane, "hi": (k + 1) * lane - size, "colour": _colour(rng)})
+                     "lo": k * lane, "hi": (k + 1) * lane - size, "colour": bright_colour(rng)})
     frames: list[np.ndarray] = []
     truth: list[list[tuple[int, int, tuple]]] = []
     for _ in range(n_frames):
-        img = Image.fromarray(background)
+        img = Image.fromarray(backdrop)
         draw = ImageDraw.Draw(img)
         boxes = []
         for ident, o in enumerate(objs, 1):
             x1, y1 = round(o["x"]), round(o["y"])
             box = (x1, y1, x1 + size, y1 + size)
-            _draw(draw, o["cls"], box, o["colour"])
+            draw_shape(draw, o["cls"], box, o["colour"])
             boxes.append((ident, o["cls"], box))
             o["x"] += o["dx"]
             o["y"] += o["dy"]
