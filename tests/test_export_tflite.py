@@ -13,7 +13,7 @@ pytest.importorskip("litert_torch", reason="litert-torch is not installed (pip i
 pytest.importorskip("ai_edge_litert.interpreter", reason="ai-edge-litert is not installed (pip install "
                     "'libreyolo[tflite]')")
 
-from libreyolo import LibreYOLO  # noqa: E402
+from libreyolo import SHAPES_IMAGE, LibreYOLO  # noqa: E402
 from libreyolo.errors import ArgumentError, CheckpointError, MissingDependencyError  # noqa: E402
 from libreyolo.export.base import get_exporter  # noqa: E402
 from libreyolo.export.compare import compare  # noqa: E402
@@ -101,3 +101,40 @@ def test_tflite_fp16_weights_validate_and_halve_the_file(tflite_export, tmp_path
     assert report.path.stat().st_size < 0.7 * fp32.path.stat().st_size
     assert "DEQUANTIZE" in get_exporter("tflite").graph_ops(report.path)
     assert_predicts_like_eager(model, LibreYOLO(report.path), imgsz)
+
+
+@pytest.fixture(scope="module")
+def tflite_int8(tmp_path_factory):
+    """The demo detector's INT8 flatbuffer (PT2E static, litert-torch's PT2EQuantizer), calibrated on 8
+    generated shapes images and gated on 6: one conversion, shared."""
+    pytest.importorskip("faster_coco_eval", reason="the accuracy gate needs libreyolo[train] (mAP)")
+    from libreyolo.train.shapes import make_shapes_dataset
+
+    model, imgsz = family_model("yolo9")
+    data = make_shapes_dataset(tmp_path_factory.mktemp("tflite-int8-shapes"), n_train=8, n_val=6, imgsz=imgsz, seed=3)
+    out = tmp_path_factory.mktemp("tflite-int8") / "demo-int8.tflite"
+    return model.export(format="tflite", imgsz=imgsz, int8=True, data=str(data), output=out, verbose=False), data
+
+
+def test_tflite_int8_validates_passes_the_gate_and_runs_int8_kernels(tflite_int8, capsys):
+    """Validated against the quantized eager model with the own-toolchain rules (PT2E's converted graph as
+    the quantization floor), the accuracy gate passed with its figures in the metadata, int8 tensors and
+    QUANTIZE/DEQUANTIZE in the flatbuffer, and `compare` with data= judges it the same way."""
+    from libreyolo.cli import main as cli_main
+
+    report, data = tflite_int8
+    assert report.validation.status == "passed", report.validation.text()
+    gate = report.metadata["validation"]["accuracy"]
+    assert gate["metric"] == "mAP50-95" and gate["passed"] and gate["drop"] <= gate["max_drop"] == 0.02, gate
+    assert gate["float"] > 0.5  # a trained detector: a broken artifact would show
+    q = report.metadata["quantization"]
+    assert report.metadata["precision"] == "int8" and q["calibrated"] == "at export" and q["excluded"]
+    assert {"QUANTIZE", "DEQUANTIZE"} <= get_exporter("tflite").graph_ops(report.path)
+    model, _ = family_model("yolo9")
+    float_bytes = 4 * sum(p.numel() for p in model.net.parameters())
+    assert report.path.stat().st_size < 0.45 * float_bytes  # int8 weights (float32: about 1.0x)
+    runtime = LibreYOLO(report.path)
+    assert len(runtime.predict(SHAPES_IMAGE, conf=0.25).boxes) > 0
+    capsys.readouterr()
+    assert cli_main(["compare", "model=LibreYOLO9t-shapes.pt", f"artifact={report.path}", f"data={data}"]) == 0
+    assert capsys.readouterr().out.startswith("validation: passed (ai-edge-litert")
