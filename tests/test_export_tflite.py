@@ -138,3 +138,19 @@ def test_tflite_int8_validates_passes_the_gate_and_runs_int8_kernels(tflite_int8
     capsys.readouterr()
     assert cli_main(["compare", "model=LibreYOLO9t-shapes.pt", f"artifact={report.path}", f"data={data}"]) == 0
     assert capsys.readouterr().out.startswith("validation: passed (ai-edge-litert")
+
+
+def test_an_int8_input_is_quantized_with_its_own_scale_and_an_int8_output_dequantized():
+    """The runtime's one place for integer tensors: round half away from zero (LiteRT's QUANTIZE),
+    clamp to the type, and back. np.round (half to even) would give -2 for -2.5 and 2 for 2.5."""
+    import numpy as np
+
+    from libreyolo.runtimes.tflite import from_model_dtype, to_model_dtype
+
+    detail = {"dtype": np.int8, "quantization": (0.5, 3)}
+    x = np.array([-1.25, 1.25, 0.0, 100.0, -100.0], dtype=np.float32)  # /0.5 = -2.5, 2.5, 0, 200, -200
+    q = to_model_dtype(x, detail)
+    assert q.dtype == np.int8 and q.tolist() == [0, 6, 3, 127, -128]
+    assert from_model_dtype(q, detail).tolist() == [-1.5, 1.5, 0.0, 62.0, -65.5]
+    same = to_model_dtype(x, {"dtype": np.float32, "quantization": (0.0, 0)})
+    assert same.dtype == np.float32 and same.tolist() == x.tolist()
