@@ -116,6 +116,7 @@ def tflite_int8(tmp_path_factory):
     return model.export(format="tflite", imgsz=imgsz, int8=True, data=str(data), output=out, verbose=False), data
 
 
+@pytest.mark.slow  # one INT8 conversion: 20 min on the shared 2-core machine under load ~18
 def test_tflite_int8_validates_passes_the_gate_and_runs_int8_kernels(tflite_int8, capsys):
     """Validated against the quantized eager model with the own-toolchain rules (PT2E's converted graph as
     the quantization floor), the accuracy gate passed with its figures in the metadata, int8 tensors and
