@@ -7,7 +7,8 @@ the ONNX baseline not (CI validates it); INT8 calibrated on a generated shapes t
 by the accuracy gate on its val split at the default max_drop 0.02 (reported; the IR is written
 whatever the gate says, so that its speed is measured). Each is loaded with ``LibreYOLO(path)`` and
 timed on the letterboxed sample image at batch 1: the artifact's forward (``_forward``: the runtime
-call plus the tensor hand-over), median of ``--runs`` after warm-up. Also recorded: OpenVINO
+call plus the tensor hand-over), median of ``--runs`` after warm-up, the three interleaved call by
+call so that a shared machine's load falls on each alike. Also recorded: OpenVINO
 compiling the Q/DQ INT8 ONNX (``format=onnx int8=True``) with its CPU defaults and with the f32
 hint, and the export report's measurement of what the CPU's default inference precision would
 change. Prints a table and writes JSON with the CPU, the versions and the command. The machine may
@@ -44,15 +45,19 @@ def cpu_info() -> dict:
     return info
 
 
-def time_forward(runtime, x: torch.Tensor, runs: int) -> dict:
-    for _ in range(3):
-        runtime._forward(x)
-    times = []
+def time_forwards(runtimes: list, x: torch.Tensor, runs: int) -> list[dict]:
+    """Forward ms of each runtime, interleaved call by call (round ``i`` runs every runtime once), so
+    that a shared machine's changing load falls on all of them alike."""
+    for runtime in runtimes:
+        for _ in range(3):
+            runtime._forward(x)
+    times: list[list[float]] = [[] for _ in runtimes]
     for _ in range(runs):
-        t = time.perf_counter()
-        runtime._forward(x)
-        times.append((time.perf_counter() - t) * 1000.0)
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "runs": runs}
+        for runtime, bucket in zip(runtimes, times, strict=True):
+            t = time.perf_counter()
+            runtime._forward(x)
+            bucket.append((time.perf_counter() - t) * 1000.0)
+    return [{"median_ms": statistics.median(t), "min_ms": min(t), "runs": runs} for t in times]
 
 
 def qdq_onnx_in_openvino(model, data: str, imgsz: int, folder: Path) -> dict:
@@ -87,7 +92,7 @@ def main() -> int:
 
     load_before = os.getloadavg()
     model = LibreYOLO("LibreYOLO9t-shapes.pt")
-    rows, extra = [], {}
+    rows, runtimes, extra = [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         data = str(make_shapes_dataset(folder / "shapes", n_train=16, n_val=8, imgsz=args.imgsz, seed=3))
@@ -103,8 +108,9 @@ def main() -> int:
             report = model.export(format=fmt, imgsz=args.imgsz, output=folder / name, verbose=False, **opts)
             export_s = time.perf_counter() - start
             runtime = LibreYOLO(report.path)
+            runtimes.append(runtime)
             row = {"artifact": label, "runtime": runtime.describe(), "validation": report.validation.status,
-                   "export_s": round(export_s, 1), **time_forward(runtime, x, args.runs)}
+                   "export_s": round(export_s, 1)}
             gate = report.metadata["validation"].get("accuracy")
             if gate:
                 row["gate"] = {k: gate[k] for k in ("metric", "float", "int8", "drop")}
@@ -113,7 +119,9 @@ def main() -> int:
             if finding:
                 row["cpu_default_precision"] = finding["line"]
             rows.append(row)
-            print(f"{label}: {row['median_ms']:.1f} ms ({row['validation']})", flush=True)
+            print(f"{label}: exported in {export_s:.0f} s ({row['validation']})", flush=True)
+        for row, timing in zip(rows, time_forwards(runtimes, x, args.runs), strict=True):
+            row.update(timing)
         extra["qdq_onnx_in_openvino"] = qdq_onnx_in_openvino(model, data, args.imgsz, folder)
     base = rows[0]["median_ms"]
     for row in rows:

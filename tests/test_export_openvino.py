@@ -269,14 +269,18 @@ def test_an_fp16_ir_holds_half_weights_and_validates_at_f32_inference(demo_ir, t
 
 
 @pytest.fixture(scope="module")
-def demo_int8(tmp_path_factory):
+def int8_data(tmp_path_factory):
+    from libreyolo.train.shapes import make_shapes_dataset
+
+    return make_shapes_dataset(tmp_path_factory.mktemp("ov-int8-shapes"), n_train=8, n_val=6, imgsz=DEMO_IMGSZ, seed=3)
+
+
+@pytest.fixture(scope="module")
+def demo_int8(int8_data, tmp_path_factory):
     """The demo detector's NNCF INT8 IR, calibrated on 8 generated shapes images and gated on 6."""
     pytest.importorskip("nncf", reason="INT8 OpenVINO export needs nncf (pip install 'libreyolo[openvino]')")
     pytest.importorskip("faster_coco_eval", reason="the accuracy gate needs libreyolo[train] (mAP)")
-    from libreyolo.train.shapes import make_shapes_dataset
-
-    data = make_shapes_dataset(tmp_path_factory.mktemp("ov-int8-shapes"), n_train=8, n_val=6, imgsz=DEMO_IMGSZ, seed=3)
-    report = _model("yolo9").export(format="openvino", imgsz=DEMO_IMGSZ, int8=True, data=str(data),
+    report = _model("yolo9").export(format="openvino", imgsz=DEMO_IMGSZ, int8=True, data=str(int8_data),
                                     output=tmp_path_factory.mktemp("ov-int8") / "i_openvino_model", verbose=False)
     return report
 
@@ -297,3 +301,45 @@ def test_an_nncf_int8_ir_validates_and_keeps_the_demo_map_within_the_gate(demo_i
     runtime = LibreYOLO(demo_int8.path)
     assert runtime.precision == "f32" and len(runtime.predict(SAMPLE_IMAGE, conf=0.25).boxes) > 0
     runtime.with_config({})  # the NNCF IR also compiles with OpenVINO's CPU defaults
+
+
+def test_nncf_leaves_the_float_layers_and_the_decode_unquantized(demo_ir, demo_int8):
+    """No FakeQuantize feeds a layer quantize() keeps in float (matched through OpenVINO's
+    ``<name>/WithoutBiases`` split of a biased Conv) or an operation of the decode they feed (the
+    level concat, the box/class split, the DFL softmax and expectation). Fails on the previous
+    ignored scope, which named the bias Add: the 6 prediction convolutions then had quantized inputs
+    and the decode's concat/split and DFL sum too (the demo at 640 lost 0.060 mAP50-95)."""
+    import openvino as ov
+
+    from libreyolo.export.onnx import node_module
+    from libreyolo.export.openvino import WEIGHTED_OPS, float_scope
+
+    excluded = set(demo_int8.metadata["quantization"]["excluded"])
+    float_ir = ov.Core().read_model(str(demo_ir[1].path / XML))
+    names = {op.get_friendly_name().split("/WithoutBiases")[0] for op in float_ir.get_ops()
+             if op.get_type_name() in WEIGHTED_OPS}
+    layers = sorted(n for n in names if node_module(n) in excluded)
+    layer_ops, fed_ops = float_scope(float_ir, layers)
+    assert len(layers) == len(excluded) == 6 and len(layer_ops) == 6, (layers, layer_ops)
+    kinds = {op.get_type_name() for op in float_ir.get_ops() if op.get_friendly_name() in set(fed_ops)}
+    assert {"Softmax", "ReduceSum", "Sigmoid", "Concat"} <= kinds, kinds
+    assert not kinds & set(WEIGHTED_OPS)  # the walk stops at quantized layers
+    quantized = ov.Core().read_model(str(demo_int8.path / XML))
+    fed_by_fq = {t.get_node().get_friendly_name() for op in quantized.get_ops() if op.get_type_name() == "FakeQuantize"
+                 for t in op.output(0).get_target_inputs()}
+    wrong = fed_by_fq & (set(layer_ops) | set(fed_ops))
+    assert fed_by_fq and not wrong, sorted(wrong)
+    assert demo_int8.metadata["quantization"]["nncf_float_operations"] == len(fed_ops)
+
+
+def test_benchmark_takes_an_ir_folder_and_compare_an_int8_ir_with_its_data(demo_ir, demo_int8, int8_data, capsys):
+    """`libreyolo benchmark` on an IR folder (its recorded validation, timed) and `compare` of the INT8 IR
+    against the quantized model rebuilt from its calibration data (exit 0); without data= it is refused."""
+    from libreyolo.cli import main as cli_main
+
+    assert cli_main(["benchmark", f"model={demo_ir[1].path}", "n=2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("openvino")]
+    assert len(rows) == 1 and rows[0].split()[2] == "passed", rows
+    assert cli_main(["compare", f"model={DEMO}", f"artifact={demo_int8.path}", f"data={int8_data}"]) == 0
+    assert capsys.readouterr().out.startswith("validation: passed (openvino")
+    assert cli_main(["compare", f"model={DEMO}", f"artifact={demo_int8.path}"]) != 0

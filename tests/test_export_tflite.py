@@ -5,6 +5,7 @@ head bias was scaled by 5% is refused by its hash and, loaded with verify=False,
 Conversion is slow on two cores (minutes per model), so each family is exported once per module."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -13,7 +14,7 @@ pytest.importorskip("litert_torch", reason="litert-torch is not installed (pip i
 pytest.importorskip("ai_edge_litert.interpreter", reason="ai-edge-litert is not installed (pip install "
                     "'libreyolo[tflite]')")
 
-from libreyolo import LibreYOLO  # noqa: E402
+from libreyolo import SHAPES_IMAGE, LibreYOLO  # noqa: E402
 from libreyolo.errors import ArgumentError, CheckpointError, MissingDependencyError  # noqa: E402
 from libreyolo.export.base import get_exporter  # noqa: E402
 from libreyolo.export.compare import compare  # noqa: E402
@@ -101,3 +102,60 @@ def test_tflite_fp16_weights_validate_and_halve_the_file(tflite_export, tmp_path
     assert report.path.stat().st_size < 0.7 * fp32.path.stat().st_size
     assert "DEQUANTIZE" in get_exporter("tflite").graph_ops(report.path)
     assert_predicts_like_eager(model, LibreYOLO(report.path), imgsz)
+
+
+@pytest.fixture(scope="module")
+def tflite_int8(tmp_path_factory):
+    """The demo detector's INT8 flatbuffer (PT2E static, litert-torch's PT2EQuantizer), calibrated on 8
+    generated shapes images and gated on 6: one conversion, shared."""
+    pytest.importorskip("faster_coco_eval", reason="the accuracy gate needs libreyolo[train] (mAP)")
+    from libreyolo.train.shapes import make_shapes_dataset
+
+    model, imgsz = family_model("yolo9")
+    data = make_shapes_dataset(tmp_path_factory.mktemp("tflite-int8-shapes"), n_train=8, n_val=6, imgsz=imgsz, seed=3)
+    out = tmp_path_factory.mktemp("tflite-int8") / "demo-int8.tflite"
+    return model.export(format="tflite", imgsz=imgsz, int8=True, data=str(data), output=out, verbose=False), data
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("LIBREYOLO_LONG_EXPORTS"),
+                    reason="one LiteRT INT8 conversion takes 10-20 min on 2 CPU cores, over the CI budget; "
+                           "LIBREYOLO_LONG_EXPORTS=1 runs it")
+def test_tflite_int8_validates_passes_the_gate_and_runs_int8_kernels(tflite_int8, capsys):
+    """Validated against the quantized eager model with the own-toolchain rules (PT2E's converted graph as
+    the quantization floor), the accuracy gate passed with its figures in the metadata, int8 tensors and
+    QUANTIZE/DEQUANTIZE in the flatbuffer, and `compare` with data= judges it the same way."""
+    from libreyolo.cli import main as cli_main
+
+    report, data = tflite_int8
+    assert report.validation.status == "passed", report.validation.text()
+    gate = report.metadata["validation"]["accuracy"]
+    assert gate["metric"] == "mAP50-95" and gate["passed"] and gate["drop"] <= gate["max_drop"] == 0.02, gate
+    assert gate["float"] > 0.5  # a trained detector: a broken artifact would show
+    q = report.metadata["quantization"]
+    assert report.metadata["precision"] == "int8" and q["calibrated"] == "at export" and q["excluded"]
+    assert {"QUANTIZE", "DEQUANTIZE"} <= get_exporter("tflite").graph_ops(report.path)
+    model, _ = family_model("yolo9")
+    float_bytes = 4 * sum(p.numel() for p in model.net.parameters())
+    assert report.path.stat().st_size < 0.45 * float_bytes  # int8 weights (float32: about 1.0x)
+    runtime = LibreYOLO(report.path)
+    assert len(runtime.predict(SHAPES_IMAGE, conf=0.25).boxes) > 0
+    capsys.readouterr()
+    assert cli_main(["compare", "model=LibreYOLO9t-shapes.pt", f"artifact={report.path}", f"data={data}"]) == 0
+    assert capsys.readouterr().out.startswith("validation: passed (ai-edge-litert")
+
+
+def test_an_int8_input_is_quantized_with_its_own_scale_and_an_int8_output_dequantized():
+    """The runtime's one place for integer tensors: round half away from zero (LiteRT's QUANTIZE),
+    clamp to the type, and back. np.round (half to even) would give -2 for -2.5 and 2 for 2.5."""
+    import numpy as np
+
+    from libreyolo.runtimes.tflite import from_model_dtype, to_model_dtype
+
+    detail = {"dtype": np.int8, "quantization": (0.5, 3)}
+    x = np.array([-1.25, 1.25, 0.0, 100.0, -100.0], dtype=np.float32)  # /0.5 = -2.5, 2.5, 0, 200, -200
+    q = to_model_dtype(x, detail)
+    assert q.dtype == np.int8 and q.tolist() == [0, 6, 3, 127, -128]
+    assert from_model_dtype(q, detail).tolist() == [-1.5, 1.5, 0.0, 62.0, -65.5]
+    same = to_model_dtype(x, {"dtype": np.float32, "quantization": (0.0, 0)})
+    assert same.dtype == np.float32 and same.tolist() == x.tolist()

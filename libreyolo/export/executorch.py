@@ -60,14 +60,23 @@ def lower_to_pte(module: torch.nn.Module, example: torch.Tensor, path: Path, che
     path.write_bytes(buffer)
 
 
-def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOptions) -> torch.nn.Module:
-    """``module``'s network quantized by the PT2E flow for XNNPACK: int8 per-channel symmetric weights,
-    int8 activations (XNNPACKQuantizer's symmetric config), observers calibrated on the INT8 plan's
-    images (the same as quantize()'s), the layers quantize() keeps in float left in float.
-    Returns ``module`` with its network replaced by the converted graph."""
-    quantize = require("torchao.quantization.pt2e.quantize_pt2e", EXTRA, "INT8 ExecuTorch export (PT2E)")
-    pt2e = require("torchao.quantization.pt2e", EXTRA, "INT8 ExecuTorch export (PT2E)")
-    xq = require("executorch.backends.xnnpack.quantizer.xnnpack_quantizer", EXTRA, "INT8 ExecuTorch export (PT2E)")
+def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOptions,
+                  quantizer: Any = None, config: Any = None, extra: str = EXTRA,
+                  purpose: str = "INT8 ExecuTorch export (PT2E)", fold_quantize: bool = True) -> torch.nn.Module:
+    """``module``'s network quantized by the PT2E flow: int8 per-channel symmetric weights, int8
+    activations, observers calibrated on the INT8 plan's images (the same as quantize()'s), the
+    layers quantize() keeps in float left in float. ``quantizer`` is the PT2E quantizer class
+    (default: ExecuTorch's ``XNNPACKQuantizer``; LiteRT passes its own XNNPACK-style
+    ``PT2EQuantizer``) and ``config`` its global quantization config (default: the class module's
+    static symmetric per-channel config). ``fold_quantize=False`` keeps each weight as a float
+    constant followed by quantize/dequantize instead of int8 codes (what litert-torch's lowering
+    reads: folded int8 weights fail its StableHLO ``uniform_dequantize``). Returns ``module`` with
+    its network replaced by the converted graph."""
+    quantize = require("torchao.quantization.pt2e.quantize_pt2e", extra, purpose)
+    pt2e = require("torchao.quantization.pt2e", extra, purpose)
+    if quantizer is None:
+        xq = require("executorch.backends.xnnpack.quantizer.xnnpack_quantizer", extra, purpose)
+        quantizer, config = xq.XNNPACKQuantizer, xq.get_symmetric_quantization_config(is_per_channel=True)
     plan = opts.calibration
     layers = frozenset(plan.quantized.quant_info()["layers"])
     net = module.net
@@ -77,8 +86,8 @@ def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOp
         stack = list((node.meta.get("nn_module_stack") or {}).values())
         return bool(stack) and stack[-1][0] in layers
 
-    class OnlyQuantizedLayers(xq.XNNPACKQuantizer):
-        """XNNPACK's annotations on the operators of the layers quantize() quantizes only. Its global
+    class OnlyQuantizedLayers(quantizer):
+        """The quantizer's annotations on the operators of the layers quantize() quantizes only. Its global
         config also annotates concatenations (one shared scale for all inputs), and the head's
         concat of boxes (hundreds of pixels) and scores (0..1) would round every score to 0."""
 
@@ -89,12 +98,12 @@ def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOp
                     node.meta.pop("quantization_annotation", None)
             return model
 
-    quantizer = OnlyQuantizedLayers().set_global(xq.get_symmetric_quantization_config(is_per_channel=True))
+    only = OnlyQuantizedLayers().set_global(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             graph = torch.export.export(net, (example,), strict=False).module()
-            prepared = quantize.prepare_pt2e(graph, quantizer)
+            prepared = quantize.prepare_pt2e(graph, only)
             size = example.shape[0]
             with torch.no_grad():
                 for batch in plan.batches():  # the program is static: fed in chunks of its batch size
@@ -103,10 +112,9 @@ def quantize_pt2e(module: torch.nn.Module, example: torch.Tensor, opts: ExportOp
                         if chunk.shape[0] < size:
                             chunk = torch.cat([chunk, chunk[-1:].expand(size - chunk.shape[0], *chunk.shape[1:])])
                         prepared(chunk.to(example.dtype))
-            converted = quantize.convert_pt2e(prepared)
+            converted = quantize.convert_pt2e(prepared, fold_quantize=fold_quantize)
         except Exception as exc:
-            raise ExportError(f"INT8 ExecuTorch export failed in the PT2E quantization: {type(exc).__name__}: "
-                              f"{exc}") from exc
+            raise ExportError(f"{purpose} failed in the PT2E quantization: {type(exc).__name__}: {exc}") from exc
     pt2e.allow_exported_model_train_eval(converted)
     plan.own_reference = converted  # PT2E's own quantization run in eager: the validator's quantization floor
     module.net = converted

@@ -113,9 +113,10 @@ FORMAT_TABLE: tuple[Format, ...] = (
            traced_on_cpu=True, max_tensor_rank=4,
            rank_limit="NCNN tensors hold at most 4 axes with the batch axis (pnnx cannot map this family's "
                       "rank-5/6 window partitions or q/k/v splits)"),
-    # half: fp16 weights, a post-conversion step on the flatbuffer, no GPU needed
+    # half: fp16 weights, a post-conversion step on the flatbuffer, no GPU needed; int8: PT2E static
+    # quantization (litert-torch's PT2EQuantizer), calibrated on the INT8 plan's images
     Format("tflite", ".tflite", "tflite", "tflite", "tflite", "LiteRT/TFLite flatbuffer", aliases=("litert",),
-           half="any", traced_on_cpu=True),
+           half="any", int8="own", traced_on_cpu=True),
     # converted from the ONNX export (opset/simplify apply to that graph); half: fp16 weights in the IR,
     # computed at the validated precision (f32); int8: NNCF on the float IR, calibrated on the INT8 plan's images
     Format("openvino", "_openvino_model", "openvino", "openvino", "openvino",

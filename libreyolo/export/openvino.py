@@ -16,11 +16,12 @@ Precision: ``half=True`` stores the weights as float16 (``compress_to_fp16``; Op
 them when it compiles); ``int8=True`` quantizes the float IR with NNCF's post-training quantization
 on the INT8 plan's calibration images (the same images quantize() calibrates on; min/max activation
 ranges as quantize()'s ``minmax``, no bias correction: chosen by the accuracy gate, docs/export.md),
-leaving the layers quantize() keeps in float out. Every artifact is validated, and so run, at the CPU inference
-precision f32: OpenVINO's CPU plugin otherwise computes in bf16 on CPUs with AVX512-BF16 or AMX
-(its default there), which moves boxes by pixels. The precision is recorded in the metadata
-(``runtime_config``) and the runtime (:mod:`libreyolo.runtimes.openvino`) compiles with exactly that
-configuration; the validation report also says what the CPU's default precision would change
+leaving the layers quantize() keeps in float and the operations they feed (the decode) out
+(:func:`float_scope`). Every artifact is validated, and so run, at the CPU inference precision
+f32: OpenVINO's CPU plugin otherwise computes in bf16 on CPUs with AVX512-BF16 or AMX (its default
+there), which moves boxes by pixels. The precision is recorded in the metadata (``runtime_config``)
+and the runtime (:mod:`libreyolo.runtimes.openvino`) compiles with exactly that configuration; the
+validation report also says what the CPU's default precision would change
 (:func:`default_precision_effect`).
 """
 from __future__ import annotations
@@ -47,6 +48,8 @@ VALIDATED_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
 NNCF_PRESET = "mixed"
 NNCF_BIAS_CORRECTION = False
 NNCF_RANGE = "MINMAX"  # activation ranges: the min and max over the calibration images, as quantize()'s minmax
+# the IR operations a float layer can become (Conv/Gemm/MatMul nodes of the ONNX graph)
+WEIGHTED_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData", "MatMul")
 
 
 def _ov(purpose: str = "OpenVINO export") -> Any:
@@ -81,8 +84,8 @@ def _calibration_items(opts: ExportOptions) -> list[Any]:
 
 
 def float_layers(plan: Any, onnx_path: Path) -> list[str]:
-    """ONNX node names (= the IR's operation names) of the Conv/Gemm/MatMul nodes of the layers
-    quantize() keeps in float (the family's ``quant_exclude``, ``exclude=``)."""
+    """ONNX node names of the Conv/Gemm/MatMul nodes of the layers quantize() keeps in float (the
+    family's ``quant_exclude``, ``exclude=``): the one declaration every INT8 path reads."""
     import onnx
 
     from libreyolo.export.onnx import WEIGHT_OPS, node_module
@@ -95,18 +98,53 @@ def float_layers(plan: Any, onnx_path: Path) -> list[str]:
     return names
 
 
+def float_scope(model: Any, layers: list[str]) -> tuple[list[str], list[str]]:
+    """The IR operations NNCF must leave in float, as (layer operations, operations they feed).
+
+    Layer operations: the IR's weighted operations of the ONNX nodes ``layers``. OpenVINO's ONNX
+    frontend splits a biased Conv into ``<name>/WithoutBiases`` (the convolution) and ``<name>``
+    (the bias Add), so a node is matched by its name or a ``<name>/`` prefix and only weighted
+    operations count: ignoring the bias Add alone leaves the convolution quantized (measured: the
+    demo's 6 prediction convolutions got input quantizers that way).
+
+    Operations they feed: every operation computed from those layers' outputs up to the next
+    quantized layer (for dense detectors the whole decode: the level concat, the box/class split,
+    the DFL softmax and expectation, the anchor arithmetic and the output concat). The ONNX Q/DQ
+    path quantizes only the inputs of quantize()'s layers, so there the decode is float by
+    construction; NNCF also quantizes Concat, Add, Multiply and ReduceSum inputs, which in the
+    decode means one int8 scale for all box and class logits of every level and a quantized DFL
+    expectation (the demo at 640 lost 0.060 mAP50-95 that way, 0.007 with the decode left float:
+    docs/quantization.md).
+    """
+    weighted = {op.get_friendly_name(): op for op in model.get_ops() if op.get_type_name() in WEIGHTED_OPS}
+    chosen: dict[str, Any] = {}
+    for name in layers:
+        found = {n: op for n, op in weighted.items() if n == name or n.startswith(name + "/")}
+        if not found:
+            raise ExportError(f"the layer {name!r} that stays in float has no weighted operation of that name in the "
+                              "OpenVINO model, so NNCF could not leave it out; this is a bug, please report it")
+        chosen.update(found)
+    fed: dict[str, Any] = {}
+    stack = list(chosen.values())
+    while stack:
+        for output in stack.pop().outputs():
+            for target in output.get_target_inputs():
+                op = target.get_node()
+                name, kind = op.get_friendly_name(), op.get_type_name()
+                if kind == "Result" or name in fed or name in chosen or kind in WEIGHTED_OPS:
+                    continue  # a quantized layer's input is quantized, as in quantize(): stop there
+                fed[name] = op
+                stack.append(op)
+    return sorted(chosen), sorted(fed)
+
+
 def quantize_nncf(model: Any, onnx_path: Path, opts: ExportOptions) -> tuple[Any, dict[str, Any]]:
     """``model`` (the float IR) quantized by NNCF on the INT8 plan's calibration images; returns it
     and what was done (for the metadata)."""
     nncf = require("nncf", EXTRA, "INT8 OpenVINO export (NNCF)")
     items = _calibration_items(opts)
-    ignored = float_layers(opts.calibration, onnx_path)
-    present = {op.get_friendly_name() for op in model.get_ops()}
-    missing = [n for n in ignored if n not in present]
-    if missing:
-        raise ExportError(f"{len(missing)} layer(s) that stay in float have no operation of that name in the OpenVINO "
-                          f"model (first: {missing[0]}), so NNCF could not leave them out; this is a bug, please "
-                          "report it")
+    layers = float_layers(opts.calibration, onnx_path)
+    layer_ops, fed_ops = float_scope(model, layers)
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
@@ -115,7 +153,7 @@ def quantize_nncf(model: Any, onnx_path: Path, opts: ExportOptions) -> tuple[Any
         activations_range_estimator_params=getattr(RangeEstimatorParametersSet, NNCF_RANGE))
     try:
         quantized = nncf.quantize(model, nncf.Dataset(items), preset=nncf.QuantizationPreset(NNCF_PRESET),
-                                  subset_size=len(items), ignored_scope=nncf.IgnoredScope(names=ignored),
+                                  subset_size=len(items), ignored_scope=nncf.IgnoredScope(names=layer_ops + fed_ops),
                                   target_device=nncf.TargetDevice.CPU, advanced_parameters=advanced)
     except Exception as exc:
         raise ExportError(f"INT8 OpenVINO export failed in NNCF's quantization: {type(exc).__name__}: {exc}") from exc
@@ -125,11 +163,13 @@ def quantize_nncf(model: Any, onnx_path: Path, opts: ExportOptions) -> tuple[Any
                           "this artifact; this is a bug, please report it")
     from libreyolo.export.metadata import package_version
 
-    info = {"openvino": f"NNCF {package_version('nncf')} post-training quantization (preset {NNCF_PRESET}, CPU) on "
-                        f"the calibration images ({len(items)} batch(es) of {opts.batch})",
+    info = {"openvino": f"NNCF {package_version('nncf')} post-training quantization (preset {NNCF_PRESET}, CPU, "
+                        f"{NNCF_RANGE.lower()} ranges, no bias correction) on the calibration images ({len(items)} "
+                        f"batch(es) of {opts.batch}); the float layers and the {len(fed_ops)} operations they feed "
+                        "(the decode) left out",
             "scheme": "activations int8 per-tensor (asymmetric: NNCF preset mixed), weights int8 per-output-channel "
                       "symmetric; scales chosen by NNCF",
-            "nncf_fake_quantize_ops": fq, "nncf_float_layers": len(ignored)}
+            "nncf_fake_quantize_ops": fq, "nncf_float_layers": len(layers), "nncf_float_operations": len(fed_ops)}
     return quantized, info
 
 

@@ -46,6 +46,22 @@ def fp16_weights(source: Path, path: Path) -> None:
         raise ExportError(f"LiteRT fp16 weights failed: {type(exc).__name__}: {str(exc)[:2000]}") from exc
 
 
+def quantize_int8(module: torch.nn.Module, example: torch.Tensor, opts: ExportOptions) -> tuple[Any, Any]:
+    """``module`` quantized for an INT8 flatbuffer: PT2E static quantization with litert-torch's
+    ``PT2EQuantizer`` (XNNPACK's scheme: int8 activations per tensor, int8 weights per output channel
+    symmetric), calibrated on the INT8 plan's images with the layers quantize() keeps in float left
+    in float (:func:`libreyolo.export.executorch.quantize_pt2e`, the one PT2E flow). Returns the
+    module and the converter's quantization config (static Q/DQ conversion)."""
+    pt2e = require("litert_torch.quantize.pt2e_quantizer", EXTRA, "INT8 TFLite export (PT2E)")
+    qcfg = require("litert_torch.quantize.quant_config", EXTRA, "INT8 TFLite export (PT2E)")
+    from libreyolo.export.executorch import quantize_pt2e
+
+    config = pt2e.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False)
+    module = quantize_pt2e(module, example, opts, quantizer=pt2e.PT2EQuantizer, config=config, extra=EXTRA,
+                           purpose="INT8 TFLite export (PT2E)", fold_quantize=False)
+    return module, qcfg.QuantConfig(pt2e_quantizer=pt2e.PT2EQuantizer().set_global(config))
+
+
 class TfliteExporter(Exporter, format="tflite"):
     toolchain = ("litert-torch", "ai-edge-litert", "ai-edge-quantizer")
 
@@ -61,10 +77,13 @@ class TfliteExporter(Exporter, format="tflite"):
 
         litert_torch = require("litert_torch", EXTRA, "TFLite export")
         fold_batchnorm(module)  # the converter folds them too; fewer nodes convert faster
+        quant_config = None
+        if opts.int8:
+            module, quant_config = quantize_int8(module, example, opts)
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             try:
-                edge = litert_torch.convert(module.float().eval(), (example,))
+                edge = litert_torch.convert(module.float().eval(), (example,), quant_config=quant_config)
                 edge.export(str(work / "float.tflite") if opts.half else str(path))
             except Exception as exc:
                 raise ExportError(f"LiteRT conversion failed: {type(exc).__name__}: {str(exc)[:2000]}") from exc

@@ -3,6 +3,9 @@
 Metadata comes from the ``.tflite.json`` sidecar, checked against the model's sha256. The model's
 input is NCHW like the eager network's; a model whose input is NHWC (channels last, as converters
 for mobile often write it) is fed through :func:`to_model_layout`, the one place that transposes.
+A statically quantized model (``int8=True``) takes an int8 input: :func:`to_model_dtype` quantizes
+the float batch with the input tensor's own scale and zero point (integer outputs are dequantized
+by :func:`from_model_dtype`), so callers always hand over and get back float32.
 """
 from __future__ import annotations
 
@@ -29,15 +32,42 @@ def to_model_layout(batch: np.ndarray, nhwc: bool) -> np.ndarray:
     return np.ascontiguousarray(batch.transpose(0, 2, 3, 1)) if nhwc else np.ascontiguousarray(batch)
 
 
+def to_model_dtype(batch: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
+    """A float batch as the model's input tensor: a statically quantized model (``int8=True``) takes
+    integers, quantized with the tensor's own scale and zero point (rounding half away from zero,
+    as LiteRT's QUANTIZE does)."""
+    dtype = np.dtype(detail["dtype"])
+    if dtype.kind == "f":
+        return batch.astype(dtype, copy=False)
+    scale, zero = detail["quantization"]
+    info = np.iinfo(dtype)
+    v = batch.astype(np.float64) / scale
+    return np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5) + zero, info.min, info.max).astype(dtype)
+
+
+def from_model_dtype(array: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
+    """A model output as float32 (an integer output dequantized with its scale and zero point)."""
+    if np.dtype(detail["dtype"]).kind == "f":
+        return np.array(array, copy=True)
+    scale, zero = detail["quantization"]
+    return ((array.astype(np.float32) - zero) * np.float32(scale)).astype(np.float32)
+
+
+def _check_quantized(detail: dict[str, Any], what: str, path: Path) -> None:
+    if np.dtype(detail["dtype"]).kind != "f" and not detail["quantization"][0]:
+        raise CheckpointError(f"{path}: its {what} {detail.get('name')!r} is {np.dtype(detail['dtype'])} without a "
+                              "quantization scale, so float values cannot be mapped onto it; re-export it")
+
+
 class TflitePredictor(ArtifactPredictor):
     format = "tflite"
 
-    def __init__(self, path: Path, meta: dict[str, Any], interpreter: Any, input_index: int,
-                 output_indices: list[int], nhwc: bool, version: str) -> None:
+    def __init__(self, path: Path, meta: dict[str, Any], interpreter: Any, input_detail: dict[str, Any],
+                 output_details: list[dict[str, Any]], nhwc: bool, version: str) -> None:
         super().__init__(path, meta)
         self.interpreter = interpreter
-        self._input = input_index
-        self._outputs = output_indices
+        self._input = input_detail
+        self._outputs = output_details
         self._nhwc = nhwc
         self._version = version
         self._lock = threading.Lock()  # the interpreter is not thread-safe (the Batcher and serve use threads)
@@ -50,11 +80,12 @@ class TflitePredictor(ArtifactPredictor):
         return f"ai-edge-litert {self._version} [LiteRT interpreter, CPU]"
 
     def _run(self, batch: torch.Tensor) -> list[torch.Tensor]:
-        array = to_model_layout(batch.detach().float().cpu().numpy(), self._nhwc)
+        array = to_model_dtype(to_model_layout(batch.detach().float().cpu().numpy(), self._nhwc), self._input)
         with self._lock:
-            self.interpreter.set_tensor(self._input, array)
+            self.interpreter.set_tensor(self._input["index"], array)
             self.interpreter.invoke()
-            return [torch.from_numpy(np.array(self.interpreter.get_tensor(i), copy=True)) for i in self._outputs]
+            return [torch.from_numpy(from_model_dtype(self.interpreter.get_tensor(d["index"]), d))
+                    for d in self._outputs]
 
 
 def _output_order(it: Any, n: int) -> list[dict]:
@@ -106,5 +137,7 @@ def load(path: str | Path, device: str | torch.device | None = None, *, verify: 
     nchw = (shape[0], shape[3], shape[1], shape[2]) if nhwc else shape
     check_graph(meta, family, {meta["input_name"]: nchw},
                 {n: tuple(int(s) for s in d["shape"]) for n, d in zip(names, ordered, strict=True)}, str(path))
-    return TflitePredictor(path, meta, it, inputs[0]["index"], [d["index"] for d in ordered], nhwc,
-                           package_version("ai-edge-litert") or "unknown")
+    for what, detail in (("input", inputs[0]), *(("output", d) for d in ordered)):
+        _check_quantized(detail, what, path)
+    version = package_version("ai-edge-litert") or "unknown"
+    return TflitePredictor(path, meta, it, inputs[0], list(ordered), nhwc, version)
