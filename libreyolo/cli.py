@@ -380,7 +380,7 @@ COMMANDS: dict[str, tuple[Callable[[dict[str, Any]], int], dict[str, Opt], str]]
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = "usage: libreyolo <command> [args]\n\ncommands:\n" + "\n".join(
-        f"  {name:<10} {summary.splitlines()[0]}" for name, (_, _, summary) in COMMANDS.items())
+        f"  {name:<10} {(summary.splitlines() or [''])[0]}" for name, (_, _, summary) in COMMANDS.items())
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(top)
         return 0

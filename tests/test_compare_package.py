@@ -1,4 +1,4 @@
-"""One comparison package (libreyolo.compare) and the task boundary of export validation (issue 45, item 5).
+"""One comparison package (libreyolo.comparison) and the task boundary of export validation (issue 45, item 5).
 
 The numerics are the validation tests' (tests/test_validation_power.py, tests/test_compile.py,
 tests/test_selection_edge.py, ...): this file checks the wiring only: the old module names are the
@@ -15,10 +15,10 @@ import pytest
 from libreyolo.errors import ArgumentError
 
 ROOT = Path(__file__).resolve().parents[1]
-MOVED = {"libreyolo.export.checks": "libreyolo.compare.groups",
-         "libreyolo.export.selection": "libreyolo.compare.selection",
-         "libreyolo.export.matching": "libreyolo.compare.matching",
-         "libreyolo.export.match_images": "libreyolo.compare.images"}
+MOVED = {"libreyolo.export.checks": "libreyolo.comparison.groups",
+         "libreyolo.export.selection": "libreyolo.comparison.selection",
+         "libreyolo.export.matching": "libreyolo.comparison.matching",
+         "libreyolo.export.match_images": "libreyolo.comparison.images"}
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
@@ -30,7 +30,7 @@ def test_the_old_names_are_the_package_modules(old):
                                   "libreyolo/graphs/parity.py"])
 def test_export_compile_and_graph_validation_use_the_package(user):
     text = (ROOT / user).read_text()
-    assert "from libreyolo.compare" in text
+    assert "from libreyolo.comparison" in text
     assert "libreyolo.export.checks" not in text and "libreyolo.export.selection" not in text
 
 

@@ -79,8 +79,8 @@ def test_images_are_decoded_one_batch_at_a_time(model, tmp_path, monkeypatch):
 def test_default_batch_bounds_each_forward(model, tmp_path, monkeypatch):
     folder = _folder(tmp_path / "in", 5)
     sizes = []
-    real = model._forward
-    monkeypatch.setattr(model, "_forward", lambda x, **kw: sizes.append(int(x.shape[0])) or real(x, **kw))
+    real = model._execute  # every batch's network call goes through the call plan's executor
+    monkeypatch.setattr(model, "_execute", lambda x, plan: sizes.append(int(x.shape[0])) or real(x, plan))
     monkeypatch.setattr(model, "default_batch", 2)
     out = model.predict(str(folder), imgsz=IMGSZ)
     assert sizes == [2, 2, 1] and len(out) == 5

@@ -232,7 +232,8 @@ class Sources:
                     chunk.clear()
                     yield self._finished(full, skip_unreadable)
         except ImageError:  # a video that fails mid-way: its frames before the failure are predicted first
-            if chunk:
+            # (a list or generator of images keeps its rule: the batch holding the bad item is not run)
+            if chunk and self.video is not None:
                 yield self._finished(chunk, skip_unreadable)
             raise
         if chunk:

@@ -13,7 +13,7 @@ same network, so it is not trusted before it was compared with the eager copy:
   through the eager copy and the compiled program and compared with the export validator's
   tolerance model (:func:`check_against_eager`: per output group, each element within
   ``ELEMENT_MULTIPLE`` times the eager copy's own float32 error against a float64 copy, plus the
-  fp16 term for a float16 copy; :mod:`libreyolo.utils.tolerance`, through :mod:`libreyolo.compare.programs`);
+  fp16 term for a float16 copy; :mod:`libreyolo.utils.tolerance`, through :mod:`libreyolo.comparison.programs`);
 - where compiling raises or the comparison fails, one warning says why, the reason is kept in
   ``compile_info()``, and that copy is served eagerly from then on.
 
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.compare.programs import check_program
+from libreyolo.comparison.programs import check_program
 from libreyolo.utils.log import LOGGER
 
 ATTACHMENT = "compiled"  # the name a copy's CompiledForward is attached under (docs/inference.md)
@@ -245,5 +245,5 @@ class CompiledForward:
 def check_against_eager(module: nn.Module, family: Any, batch: torch.Tensor,
                         candidates: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     """Whether each of ``candidates`` passes the export validator's raw-output comparison against the
-    eager ``module`` (:func:`libreyolo.compare.programs.check_program`, the one comparison)."""
+    eager ``module`` (:func:`libreyolo.comparison.programs.check_program`, the one comparison)."""
     return check_program(module, family, batch, candidates)

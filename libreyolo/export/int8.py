@@ -110,7 +110,7 @@ def plan(model: Any, data: str, imgsz: int | None = None) -> Int8Plan:
 def float_distance(plan_: Int8Plan, runtime: Any, imgsz: int) -> dict[str, Any]:
     """How far the artifact is from the *float* model on the sample image: per output, the largest
     absolute difference, the float output's largest magnitude and the cosine."""
-    from libreyolo.compare.groups import cosine
+    from libreyolo.comparison.groups import cosine
     from libreyolo.export.validate import sample_batch
 
     model = plan_.float_model

@@ -1,9 +1,9 @@
-"""Moved to :mod:`libreyolo.compare.images` (the one comparison package); this name is an alias of
+"""Moved to :mod:`libreyolo.comparison.images` (the one comparison package); this name is an alias of
 that module (the same module object, so a patch through either name reaches both)."""
 from __future__ import annotations
 
 import sys
 
-from libreyolo.compare import images
+from libreyolo.comparison import images
 
 sys.modules[__name__] = images

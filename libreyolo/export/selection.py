@@ -1,9 +1,9 @@
-"""Moved to :mod:`libreyolo.compare.selection` (the one comparison package); this name is an alias of
+"""Moved to :mod:`libreyolo.comparison.selection` (the one comparison package); this name is an alias of
 that module (the same module object, so a patch through either name reaches both)."""
 from __future__ import annotations
 
 import sys
 
-from libreyolo.compare import selection
+from libreyolo.comparison import selection
 
 sys.modules[__name__] = selection

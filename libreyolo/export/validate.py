@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from libreyolo.compare import selection
-from libreyolo.compare.groups import (
+from libreyolo.comparison import selection
+from libreyolo.comparison.groups import (
     compare_group,
     compare_quantized,
     cosine,
@@ -29,8 +29,8 @@ from libreyolo.compare.groups import (
     distribution_checks,
     eager_drifts,
 )
-from libreyolo.compare.matching import match_classes, match_detections  # noqa: F401 - older contracts name them here
-from libreyolo.compare.selection import align_row_sets, selection_edges
+from libreyolo.comparison.matching import match_classes, match_detections  # noqa: F401 - older contracts name them here
+from libreyolo.comparison.selection import align_row_sets, selection_edges
 from libreyolo.export.base import Exporter, ExportOptions
 from libreyolo.export.module import ExportModule
 from libreyolo.export.report import ValidationReport

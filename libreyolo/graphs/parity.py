@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.compare.exact import bit_equal, equal_outputs
+from libreyolo.comparison.exact import bit_equal, equal_outputs
 
 CHECKS = ("eager_deterministic", "probe_uniform", "probe_normal", "probe_ramps", "probe_image", "second_replay",
           "outputs_kept", "interleaved", "batch2", "fp16", "invalidation")

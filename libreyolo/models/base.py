@@ -62,7 +62,7 @@ class ExportContract:
     class_axes: dict[str, tuple[int, int]] = field(default_factory=dict)
     # "module:attribute" of the function that compares decoded predictions (the dicts the
     # family's postprocess returns) of eager and artifact during validation; it returns a dict
-    # with at least "passed" (see libreyolo.compare.matching); None: the task's own matcher
+    # with at least "passed" (see libreyolo.comparison.matching); None: the task's own matcher
     # (libreyolo.tasks: detect match_detections, classify match_classes, semantic match_masks)
     decoded_match: str | None = None
     # outputs whose axis 1 holds one row per query of a set prediction (DETR): rows of these
@@ -73,7 +73,7 @@ class ExportContract:
     max_moved_rows: int = 0
     # the submodule whose output's maximum over the last axis scores the candidates that the query
     # top-k keeps (DETR's encoder score head): near-ties at the edge of that selection let another
-    # float32 program keep another candidate in the last rows (libreyolo.compare.selection); None: no selection
+    # float32 program keep another candidate in the last rows (libreyolo.comparison.selection); None: no selection
     selection: str | None = None
     # the largest rank (batch axis included) of a tensor the traced forward builds: 4 for
     # convolutional networks, 5 for attention that splits q/k/v along a new axis, 6 for window

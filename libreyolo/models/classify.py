@@ -10,7 +10,7 @@ a tensor or ``{"logits": tensor}``. Everything else is shared:
 - postprocessing: softmax -> ``{"probs": (nc,)}`` per image -> ``Results.probs``;
 - export: one output ``logits`` (B, nc); artifacts carry logits, runtimes apply the same
   softmax; the validator compares logits raw and the top-5 classes decoded
-  (:func:`libreyolo.compare.matching.match_classes`).
+  (:func:`libreyolo.comparison.matching.match_classes`).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ CLASSIFY_EXPORT = ExportContract(
     dynamic_spatial=False,
     groups=(OutputGroup("logits", "logit", axis=1),),
     class_axes={"logits": (1, 0)},
-    decoded_match="libreyolo.compare.matching:match_classes",
+    decoded_match="libreyolo.comparison.matching:match_classes",
 )
 
 

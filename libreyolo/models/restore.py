@@ -16,7 +16,7 @@ clamped. Everything else is shared:
 - postprocessing: :meth:`RestoreFamily.postprocess` crops each output to ``scale`` times its
   image's size, clamps to [0, 1] and rounds to 8 bit -> ``{"image": (scale*h, scale*w, 3) uint8}``;
 - export: one output ``image`` (B, 3, scale*S, scale*S), judged as pixels in [0, 1]; decoded
-  images are compared by ``libreyolo.compare.images:match_images``.
+  images are compared by ``libreyolo.comparison.images:match_images``.
 
 Training is not offered (the real-world models need degradation and GAN pipelines).
 """

@@ -11,7 +11,7 @@ resolution. Everything else is shared:
 - postprocessing: :func:`~libreyolo.ops.semantic.semantic_postprocess` (crop the padding,
   resize to the original image, argmax) -> ``{"mask": (h, w)}`` per image;
 - export: one output ``logits`` (B, nc, S, S), judged per sample as a map; decoded masks are
-  compared by ``libreyolo.compare.matching:match_masks``;
+  compared by ``libreyolo.comparison.matching:match_masks``;
 - training: :class:`~libreyolo.train.loss.semantic.SemanticLoss` on the native-resolution
   logits, against (B, H, W) masks (255 = ignore).
 """
@@ -35,7 +35,7 @@ SEMANTIC_EXPORT = ExportContract(
     dynamic_spatial=False,
     groups=(OutputGroup("logits", "map", axis=1),),
     class_axes={"logits": (1, 0)},
-    # decoded masks: the semantic task's matcher (libreyolo.compare.matching:match_masks)
+    # decoded masks: the semantic task's matcher (libreyolo.comparison.matching:match_masks)
 )
 
 

@@ -183,10 +183,12 @@ class Batcher:
         merged = {**self.predict_kw, **options}
         merged.pop("color_format", None)  # decoding happens before batching: not part of the key
         decode = {k: COMMON_PREDICT_OPTIONS[k].check(k, merged.pop(k)) for k in ("decode",) if k in merged}
+        if self.max_imgsz is not None and merged.get("imgsz") is not None:  # the budget first: 413, not 422
+            imgsz = self.model.family.check_imgsz(COMMON_PREDICT_OPTIONS["imgsz"].check("imgsz", merged["imgsz"]))
+            if imgsz > self.max_imgsz:
+                raise RequestTooLarge(f"imgsz={imgsz} is over this server's max_imgsz={self.max_imgsz}; ask for "
+                                      f"imgsz<={self.max_imgsz} or leave it out")
         plan = self.model.plan(device=self._device, batch=self.max_batch, **merged)  # wrong options raise here
-        if self.max_imgsz is not None and plan.imgsz > self.max_imgsz:
-            raise RequestTooLarge(f"imgsz={plan.imgsz} is over this server's max_imgsz={self.max_imgsz}; ask for "
-                                  f"imgsz<={self.max_imgsz} or leave it out")
         checked = {"half": plan.half, "cuda_graph": plan.graph, **plan.task_options}
         call = {**{k: checked.get(k, v) for k, v in merged.items()}, "imgsz": plan.imgsz, **decode}
         return (plan, *sorted(decode.items())), call

@@ -108,7 +108,7 @@ class Task:
     val_options: ClassVar[dict[str, Opt]] = {}
     # the headline validation metric (benchmark tables, best-checkpoint fitness, CLI summary)
     metric: ClassVar[str] = ""
-    # "module:attr" of the decoded-output matcher of export validation (libreyolo.compare.matching)
+    # "module:attr" of the decoded-output matcher of export validation (libreyolo.comparison.matching)
     decoded_match: ClassVar[str] = ""
     # what data= is for this task, in words (error messages, --help)
     data_help: ClassVar[str] = ""

@@ -2,7 +2,7 @@
 
 Families: vit, deit, swin (:class:`libreyolo.models.classify.ClassifyFamily`). Their postprocess
 returns ``{"probs": (nc,)}`` per image; decoded outputs are compared as top-5 class lists
-(:func:`libreyolo.compare.matching.match_classes`). No predict options of its own.
+(:func:`libreyolo.comparison.matching.match_classes`). No predict options of its own.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class Classify(Task):
     payload = "probs"
     options = {}
     metric = "top1"
-    decoded_match = "libreyolo.compare.matching:match_classes"
+    decoded_match = "libreyolo.comparison.matching:match_classes"
     data_help = "an image-folder root (root/train/<class>/*.jpg, root/val/<class>/*)"
     what = "classes"
 

@@ -3,7 +3,7 @@
 Families: yolo9, yolox (dense predictions, NMS), rtdetr, dfine (set predictions, top-k). Their
 postprocess returns ``{"xyxy": (N, 4), "conf": (N,), "cls": (N,)}`` per image in original-image
 pixels; decoded outputs are compared as matched detection sets
-(:func:`libreyolo.compare.matching.match_detections`).
+(:func:`libreyolo.comparison.matching.match_detections`).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Detect(Task):
     trackable = True  # libreyolo.track follows Results.boxes
     options = DETECT_OPTIONS
     metric = "mAP50-95"
-    decoded_match = "libreyolo.compare.matching:match_detections"
+    decoded_match = "libreyolo.comparison.matching:match_detections"
     data_help = "a dataset YAML (path, train, val, names; YOLO .txt labels)"
     what = "detections"
 

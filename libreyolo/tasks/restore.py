@@ -2,7 +2,7 @@
 
 Families: swinir (:class:`libreyolo.models.restore.RestoreFamily`). Their postprocess returns
 ``{"image": (scale*h, scale*w, 3) uint8}`` per image, RGB. Decoded outputs are compared pixel by
-pixel, at most one grey level apart (:func:`libreyolo.compare.images.match_images`).
+pixel, at most one grey level apart (:func:`libreyolo.comparison.images.match_images`).
 
 The task has no classes (a model carries ``nc`` 1, ``names`` ``{0: "image"}``, as the reference
 checkpoints do). Predict options: ``tile`` and ``tile_pad`` (tiled inference for large images,
@@ -134,7 +134,7 @@ class Restore(Task):
     fixed_names = {0: "image"}
     options = RESTORE_OPTIONS
     metric = "PSNR_Y"
-    decoded_match = "libreyolo.compare.images:match_images"
+    decoded_match = "libreyolo.comparison.images:match_images"
     data_help = ("a folder of high-resolution images (each is downsampled by the model's scale, bicubic, for the "
                  "input and compared with the restored image)")
     what = "images"

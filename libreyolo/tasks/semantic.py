@@ -3,7 +3,7 @@
 Families: segformer (:class:`libreyolo.models.semantic.SemanticFamily`). Their postprocess returns
 ``{"mask": (h, w) int64}`` per image, the class map on the original image's canvas; decoded
 outputs are compared as pixel agreement, ties within the tolerance not counted against it
-(:func:`libreyolo.compare.matching.match_masks`). Predict option: ``classes`` (only these ids may win
+(:func:`libreyolo.comparison.matching.match_masks`). Predict option: ``classes`` (only these ids may win
 a pixel). Data: a YAML with ``path``, ``train``, ``val``, ``names``; images and same-named PNG
 class-index masks (255 = ignore), see :mod:`libreyolo.train.semantic_data`.
 """
@@ -132,7 +132,7 @@ class Semantic(Task):
     payload = "semantic_mask"
     options = SEMANTIC_OPTIONS
     metric = "mIoU"
-    decoded_match = "libreyolo.compare.matching:match_masks"
+    decoded_match = "libreyolo.comparison.matching:match_masks"
     data_help = "a dataset YAML (path, train, val, names; PNG class-index masks under masks/)"
     what = "segmentation"
 

@@ -4,8 +4,8 @@ the export validator's raw-output comparison applied to outputs that never left 
 :func:`check_program` builds the float64 reference of the eager module on the same batch, the eager
 copy's own drift from it (float32, and for a float16 copy its drift from float32), the allowance of
 :mod:`libreyolo.utils.tolerance`, and judges each candidate group by group
-(:func:`libreyolo.compare.groups.compare_group`), realigning row sets and excusing selection edges
-(:mod:`libreyolo.compare.selection`) as export validation does. Used by ``Model.compile()``
+(:func:`libreyolo.comparison.groups.compare_group`), realigning row sets and excusing selection edges
+(:mod:`libreyolo.comparison.selection`) as export validation does. Used by ``Model.compile()``
 (:mod:`libreyolo.engine.compiled`).
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.compare import selection
-from libreyolo.compare.groups import compare_group, cosine, eager_drifts
-from libreyolo.compare.selection import align_row_sets, selection_edges
+from libreyolo.comparison import selection
+from libreyolo.comparison.groups import compare_group, cosine, eager_drifts
+from libreyolo.comparison.selection import align_row_sets, selection_edges
 from libreyolo.utils.tolerance import FLOAT32_MULTIPLE, FP16_DRIFT_FACTOR, align_exclusive, allowance, groups_for
 
 

@@ -193,7 +193,7 @@ def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], n
 
 
 def selection_edges(runs: list[dict], row_sets: tuple[str, ...]) -> None:
-    """Each run's :class:`~libreyolo.compare.selection.Boundary` per image (``run["edges"]``), from the
+    """Each run's :class:`~libreyolo.comparison.selection.Boundary` per image (``run["edges"]``), from the
     selection scores tapped in it, with the eager model's largest score errors over all runs."""
     scored = [r for r in runs if r.get("selection") and r["selection"][0] is not None
               and r["selection"][1] is not None and row_sets and row_sets[0] in r["e64"]]

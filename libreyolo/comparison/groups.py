@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.compare.selection import align_row_sets
+from libreyolo.comparison.selection import align_row_sets
 from libreyolo.utils.tolerance import (
     ALIGN_RELATIVE,
     QUANTILES,

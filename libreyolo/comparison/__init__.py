@@ -3,13 +3,13 @@ compiled copy, a CUDA graph), used by export validation (:mod:`libreyolo.export.
 compile validation (:mod:`libreyolo.engine.compiled`) and the graph parity harness
 (:mod:`libreyolo.graphs.parity`).
 
-- :mod:`~libreyolo.compare.groups`: one output group against a float64 reference, element by
+- :mod:`~libreyolo.comparison.groups`: one output group against a float64 reference, element by
   element within the allowance and by cosine; the eager model's own drifts; error distributions.
-- :mod:`~libreyolo.compare.selection`: top-k selections (DETR queries) realigned and their edges excused.
-- :mod:`~libreyolo.compare.matching`, :mod:`~libreyolo.compare.images`: decoded predictions matched
+- :mod:`~libreyolo.comparison.selection`: top-k selections (DETR queries) realigned and their edges excused.
+- :mod:`~libreyolo.comparison.matching`, :mod:`~libreyolo.comparison.images`: decoded predictions matched
   (detections, classes, masks, restored images; a task names its matcher in ``decoded_match``).
-- :mod:`~libreyolo.compare.programs`: a whole program's raw outputs against eager (compile validation).
-- :mod:`~libreyolo.compare.exact`: bit-for-bit equality (CUDA graphs replay eager's kernels).
+- :mod:`~libreyolo.comparison.programs`: a whole program's raw outputs against eager (compile validation).
+- :mod:`~libreyolo.comparison.exact`: bit-for-bit equality (CUDA graphs replay eager's kernels).
 
 The allowances themselves (float64 copies, drift, element allowance, quantile bars) are the numeric
 primitives of :mod:`libreyolo.utils.tolerance`, which families' export contracts also declare
