@@ -118,3 +118,38 @@ def test_an_onnx_artifact_tracks_and_predicts_videos_through_the_same_code(demo,
             assert np.allclose(ra.boxes.xyxy.numpy(), rb.boxes.xyxy.numpy(), atol=1e-3)
             if run == "track":
                 assert torch.equal(ra.boxes.id, rb.boxes.id)
+
+
+def test_annotated_video_frames_are_the_plots_and_an_encoder_failure_keeps_the_older_video(demo, clip, tmp_path,
+                                                                                          monkeypatch):
+    """The writer encodes on its own thread: the video holds every plotted frame in order (decoded,
+    each closer to its own plot than to any other frame's), and an
+    encoder error mid-run is raised on the caller's thread as one ImageError, leaving the older
+    video in place and no temporary (checked against a writer that swallowed the error: the run
+    would finish and replace the video)."""
+    from libreyolo.errors import ImageError
+
+    out = list(demo.predict(clip, imgsz=IMGSZ, stream=True, save=True, save_dir=tmp_path, conf=0.01))
+    plots = [np.asarray(r.plot()).astype(np.float32) for r in out]
+    with av.open(str(tmp_path / "shapes.mp4")) as c:
+        decoded = [f.to_ndarray(format="rgb24").astype(np.float32) for f in c.decode(c.streams.video[0])]
+    assert len(decoded) == len(plots) == N
+    for i, frame in enumerate(decoded):
+        errors = [np.abs(frame - p).mean() for p in plots]
+        assert int(np.argmin(errors)) == i, (i, errors)
+
+    (tmp_path / "shapes.mp4").write_bytes(b"older")
+    real = av.VideoFrame.from_ndarray
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError("disk full (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(av.VideoFrame, "from_ndarray", failing)
+    with pytest.raises(ImageError, match="writing the annotated video failed: disk full"):
+        list(demo.predict(clip, imgsz=IMGSZ, stream=True, save=True, save_dir=tmp_path))
+    assert (tmp_path / "shapes.mp4").read_bytes() == b"older"
+    assert os.listdir(tmp_path) == ["shapes.mp4"]

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.anchors import ShapeCache
+from libreyolo.models._detr.anchors import AnchorCache
 from libreyolo.models._detr.deformable import MSDeformableAttention
 from libreyolo.models._detr.denoising import pack_train_outputs
 from libreyolo.models._detr.layers import MLP, MultiheadAttention
@@ -170,7 +170,7 @@ class LWTransformer(nn.Module):
         self.enc_output_norm = nn.ModuleList(nn.LayerNorm(cfg.hidden) for _ in range(cfg.group_detr))
         self.enc_out_bbox_embed = nn.ModuleList()
         self.enc_out_class_embed = nn.ModuleList()
-        self._proposals = ShapeCache()
+        self._proposals = AnchorCache()
 
     def encode(self, feats: list[torch.Tensor]) -> EncoderOutputs:
         """The memory and every cell's selection score, logits and box (step 1 and 2 before the top-k)."""
@@ -178,8 +178,10 @@ class LWTransformer(nn.Module):
 
     def encode_groups(self, feats: list[torch.Tensor], groups: int) -> list[EncoderOutputs]:
         """:meth:`encode` for the first ``groups`` encoder heads (one memory, one head each)."""
-        shapes = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
         memory = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)
+        # the level shapes carry their device copy, made once per shape: a kernel provider of
+        # ms_deform_attn reads it instead of copying a host tensor, which a CUDA graph capture refuses
+        shapes = self._proposals.level_shapes([(int(f.shape[2]), int(f.shape[3])) for f in feats], memory.device)
         proposals, valid = self._proposals.get((tuple(shapes), str(memory.device), memory.dtype),
                                                lambda: make_proposals(shapes, memory.device, memory.dtype))
         masked = torch.where(valid, memory, 0.0)
