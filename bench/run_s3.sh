@@ -42,7 +42,7 @@ gpu2)
       tests/test_restore_rtmdet_gpu.py >"$out/gt3.log" 2>&1 ) &
   wait
   for f in gt1 gt2 gt3; do echo "== $f"; grep -E "FAILED|ERROR|passed|failed" "$out/$f.log" | tail -12; tail -n 3 "$out/$f.log"; done
-  step 90 parity-detr2 $py -m libreyolo.graphs.parity --family rfdetr lwdetr --md "$out/parity-detr2.md"
+  step 120 parity-detr2 $py -m libreyolo.graphs.parity --family rfdetr lwdetr deimv2 --md "$out/parity-detr2.md"
   step 90 host-profile $py bench/host_profile.py --families yolo9 rtdetr vit --half --n 200
   step 100 video-yolo9s $py bench/video_bench.py --model LibreYOLO9s.yaml --half --cuda-graph --frames 300 --device cuda --conf 0.05 --reference .peerlite --json "$out/video-yolo9s.json"
   ;;

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import warnings
 
 import pytest
 import torch
@@ -443,6 +444,25 @@ def test_parity_harness_catches_a_replay_that_is_off_by_one_ulp():
     rows = check_family_size("yolo9", "t", device="cpu", imgszs=(IMGSZ, 32), backend=_OffByOneUlp())
     failed = {r["check"] for r in rows if r["result"] == "fail"}
     assert {"probe_uniform", "probe_image", "second_replay", "interleaved"} <= failed
+
+
+class _DisablesAKernel(EmulatedGraphBackend):
+    """A capture during which a kernel provider fails and is disabled for the process (what the
+    Triton ms_deform_attn provider did on a host-to-device copy inside a capture)."""
+
+    def capture(self, fn, static_input, pool):
+        from libreyolo.kernels import KernelWarning
+
+        warnings.warn("kernel 'fake' for slot 'ms_deform_attn' failed and is disabled for this process", KernelWarning)
+        return super().capture(fn, static_input, pool)
+
+
+def test_parity_harness_fails_a_run_that_lost_a_kernel_provider():
+    """The replay is still exact (both sides ran the fallback), but the run did not check the forward
+    that eager started with: kernels_kept fails (and passes in the exact run above)."""
+    rows = check_family_size("yolo9", "t", device="cpu", imgszs=(IMGSZ, 32), backend=_DisablesAKernel())
+    failed = {r["check"]: r["detail"] for r in rows if r["result"] == "fail"}
+    assert list(failed) == ["kernels_kept"] and "ms_deform_attn" in failed["kernels_kept"], rows
 
 
 class _BakedThresholds(EmulatedGraphBackend):

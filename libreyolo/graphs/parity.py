@@ -39,6 +39,7 @@ import math
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,10 @@ from typing import Any
 import torch
 
 from libreyolo.comparison.exact import bit_equal, equal_outputs
+from libreyolo.kernels import KernelWarning
 
 CHECKS = ("eager_deterministic", "probe_uniform", "probe_normal", "probe_ramps", "probe_image", "second_replay",
-          "outputs_kept", "interleaved", "batch2", "fp16", "invalidation")
+          "outputs_kept", "interleaved", "batch2", "fp16", "invalidation", "kernels_kept")
 PIPELINE_CHECKS = ("pipeline_probes", "pipeline_thresholds", "pipeline_second_replay", "pipeline_interleaved",
                    "pipeline_batch2", "pipeline_fp16")
 
@@ -184,6 +186,9 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
                      "result": result, "detail": detail})
 
     model = None
+    caught = warnings.catch_warnings(record=True)
+    seen = caught.__enter__()
+    warnings.simplefilter("always", KernelWarning)
     try:
         model = seeded_model(family_name, size, seed=seed, device=device)
         if backend is not None:
@@ -241,6 +246,12 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
     except Exception as exc:  # noqa: BLE001 - a crash is a failed row, the matrix goes on
         record("error", False, f"{type(exc).__name__}: {exc}"[:500])
     finally:
+        caught.__exit__(None, None, None)
+        # a kernel provider that failed (e.g. inside a capture) is disabled for the whole process: the
+        # rows above then compared another implementation than the one eager started with, and every
+        # later family would run without it; the run is not a verdict on the forward users get
+        lost = [str(w.message) for w in seen if issubclass(w.category, KernelWarning)]
+        record("kernels_kept", not lost, "; ".join(lost)[:500])
         if model is not None:
             model.release_graphs()
         model = None  # noqa: F841 - drop the network before the next size
