@@ -33,17 +33,17 @@ gpu2)
   # the GPU tests in three processes at once (names printed as they run), then the DETR parity rows
   # after the LW-DETR level-shapes fix, the host profile and one video row with the threaded writer
   T="$py -m pytest -v -rfE -m gpu -p no:cacheprovider --durations=10"
-  ( timeout 230 $T tests/test_kernels_gpu.py tests/test_fused_attention_rule.py tests/test_nms.py tests/test_quant.py \
+  ( timeout 190 $T tests/test_kernels_gpu.py tests/test_fused_attention_rule.py tests/test_nms.py tests/test_quant.py \
       tests/test_quantize_gpu.py tests/test_device_decode.py tests/test_train_metrics.py >"$out/gt1.log" 2>&1 ) &
-  ( timeout 230 $T tests/test_classify_gpu.py tests/test_detr_gpu.py tests/test_detr_graph_prep.py tests/test_graphs_gpu.py \
+  ( timeout 190 $T tests/test_classify_gpu.py tests/test_detr_gpu.py tests/test_detr_graph_prep.py tests/test_graphs_gpu.py \
       tests/test_inference_copies.py tests/test_stream_pipeline.py tests/test_serve.py tests/test_yolox.py \
       tests/test_compat_swin.py >"$out/gt2.log" 2>&1 ) &
-  ( timeout 230 $T tests/test_compile.py tests/test_export_aoti.py tests/test_train_graph_gpu.py \
+  ( timeout 190 $T tests/test_compile.py tests/test_export_aoti.py tests/test_train_graph_gpu.py \
       tests/test_restore_rtmdet_gpu.py >"$out/gt3.log" 2>&1 ) &
   wait
   for f in gt1 gt2 gt3; do echo "== $f"; grep -E "FAILED|ERROR|passed|failed" "$out/$f.log" | tail -12; tail -n 3 "$out/$f.log"; done
-  step 120 parity-detr2 $py -m libreyolo.graphs.parity --family rfdetr lwdetr deimv2 --md "$out/parity-detr2.md"
-  step 70 host-profile $py bench/host_profile.py --families yolo9 rtdetr vit --half --n 200
+  step 100 parity-detr2 $py -m libreyolo.graphs.parity --family rfdetr lwdetr deimv2 --md "$out/parity-detr2.md"
+  step 55 host-profile $py bench/host_profile.py --families yolo9 rtdetr vit --half --n 200
   [ "${WITH_VIDEO:-0}" = 1 ] && step 100 video-yolo9s $py bench/video_bench.py --model LibreYOLO9s.yaml --half --cuda-graph --frames 300 --device cuda --conf 0.05 --reference .peerlite --json "$out/video-yolo9s.json"
   ;;
 video)
