@@ -45,7 +45,8 @@ def check_program(module: nn.Module, family: Any, batch: torch.Tensor,
     contract = family.export
     named = family.named_outputs
     ref_device = batch.device if batch.device.type == "cuda" else torch.device("cpu")
-    picked = contract.selection if contract.row_sets else None
+    rows = contract.query_rows()
+    picked = rows.selection if rows.outputs else None
     with torch.inference_mode():
         raw, s_eager = selection.selection_runs(module, picked, batch)
         eager = _cpu(named(raw))
@@ -62,8 +63,8 @@ def check_program(module: nn.Module, family: Any, batch: torch.Tensor,
             run = {"eager": eager32, "e64": e64, "e16": {k: v.float() for k, v in eager.items()},
                    "selection": (s32, s64, s_eager)}
     groups = groups_for(contract.groups, run["eager"])
-    d32, d16 = eager_drifts(groups, [run], contract.row_sets, {})
-    selection_edges([run], contract.row_sets)
+    d32, d16 = eager_drifts(groups, [run], rows.outputs, {})
+    selection_edges([run], rows.outputs)
     allowed = allowance(groups, e64, d32, d16, eager=run["eager_aligned"])
     precision = "fp32" if batch.dtype == torch.float32 else "fp16"
     min_cos = contract.cosine_floor("compile", precision, batch.device.type)
@@ -71,11 +72,11 @@ def check_program(module: nn.Module, family: Any, batch: torch.Tensor,
     notes: list[str] = []
     for n, got in enumerate(candidates, 1):
         got = _cpu(got)
-        compared, moved = align_row_sets(e64, got, contract.row_sets, allowed=allowed)
-        if moved > contract.max_moved_rows:
+        compared, moved = align_row_sets(e64, got, rows.outputs, allowed=allowed)
+        if moved > rows.max_moved:
             return {"passed": False, "ratio": float("inf"),
-                    "line": f"run {n}: {moved} query rows out of order (at most {contract.max_moved_rows} allowed)"}
-        compared, excused = selection.excuse_rows(e64, compared, contract.row_sets, allowed, run["edges"], raw=got)
+                    "line": f"run {n}: {moved} query rows out of order (at most {rows.max_moved} allowed)"}
+        compared, excused = selection.excuse_rows(e64, compared, rows.outputs, allowed, run["edges"], raw=got)
         if any(excused):
             notes.append(f"run {n}: " + selection.describe(excused, run["edges"]))
         for g in groups:

@@ -70,15 +70,15 @@ def _options(model: Any, exporter: Exporter, checked: dict[str, Any]) -> ExportO
         able = ", ".join(f.name for f in FORMAT_TABLE if f.e2e_input)
         raise ArgumentError(f"e2e=True (uint8 input, preprocessing inside) is not supported for format={fmt}; "
                             f"formats with end-to-end artifacts: {able}")
-    if e2e and (nms is None or nms is False) and contract.nms_input is not None:
+    if e2e and (nms is None or nms is False) and contract.nms_output() is not None:
         nms = True  # a dense detector's end-to-end artifact has NMS inside
     nms_params = None
     if nms is not None and nms is not False:
-        if contract.nms_free is not None:
+        if contract.nms_refusal() is not None:
             raise ArgumentError(f"nms={nms!r} does not apply to family {model.family.name}: it has no NMS "
-                                f"({contract.nms_free}); export with nms=False (the default): the artifact "
+                                f"({contract.nms_refusal()}); export with nms=False (the default): the artifact "
                                 "outputs the predictions and the runtime decodes them as eager does")
-        if not exporter.embedded_nms or contract.nms_input is None:
+        if not exporter.embedded_nms or contract.nms_output() is None:
             what = f"format={fmt}" if not exporter.embedded_nms else f"family {model.family.name}"
             raise ArgumentError(f"nms=True (NMS inside the artifact) is not supported for {what}; "
                                 "export with nms=False (the runtime then runs NMS, as eager does)")

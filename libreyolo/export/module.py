@@ -56,7 +56,7 @@ class ExportModule(nn.Module):
         if self.nms is None:
             return tuple(outputs)
         named = dict(zip(self.contract.output_names, outputs, strict=True))
-        return self.nms(named[self.contract.nms_input], images)
+        return self.nms(named[self.contract.nms_output()], images)
 
     def run(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """Eager reference outputs by name (what the artifact must reproduce)."""

@@ -131,7 +131,8 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
     the artifact."""
     family = model.family
     dtype = next(model.net.parameters()).dtype
-    picked = family.export.selection if family.export.row_sets and reference.nms is None else None
+    rows = family.export.query_rows()
+    picked = rows.selection if rows.outputs and reference.nms is None else None
     runs = []
     for picks, x in _progress(batches, "validating"):
         x_ref = x.to(model.device, dtype)
@@ -142,7 +143,7 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
             e64 = as_float64(family.named_outputs(raw))
             every64 = as_float64(family.tie_evidence(raw))
             ref = eager if reference.nms is None else dict(zip(
-                reference.output_names(), reference.nms(eager[family.export.nms_input], x_ref), strict=True))
+                reference.output_names(), reference.nms(eager[family.export.nms_output()], x_ref), strict=True))
             e16 = s16 = None
             if half_net is not None:
                 floor_dtype = next((t.dtype for t in half_net.parameters() if t.is_floating_point()), torch.float32)
@@ -228,8 +229,9 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         runs = _runs(_OnCpu(model), runtime, reference, batches, net64, half_net)
     groups = groups_for(contract.groups, runs[0]["eager"])
     decisions: dict[str, int] = {}
-    d32, d16 = eager_drifts(groups, runs, contract.row_sets, decisions, quant_floor)
-    selection_edges(runs, contract.row_sets)
+    rows = contract.query_rows()
+    d32, d16 = eager_drifts(groups, runs, rows.outputs, decisions, quant_floor)
+    selection_edges(runs, rows.outputs)
     if decisions:
         report.notes.append("eager float32 decides some elements otherwise than float64 (a tie broken the other way: "
                             + ", ".join(f"{n} in {k}" for k, n in decisions.items())
@@ -283,16 +285,16 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         score_tol = max(score_tol, score_tolerance(groups, allowance(groups, run["e64"], d32, d16)))
         compared = got
         if nms is None:
-            compared, moved = align_row_sets(run["e64"], got, contract.row_sets, allowed=allowed)
-            compared, excused = selection.excuse_rows(run["e64"], compared, contract.row_sets, allowed,
+            compared, moved = align_row_sets(run["e64"], got, rows.outputs, allowed=allowed)
+            compared, excused = selection.excuse_rows(run["e64"], compared, rows.outputs, allowed,
                                                       run.get("edges", []), raw=got)
             if any(excused):
                 report.notes.append(f"{name}: " + selection.describe(excused, run["edges"]))
             if moved:
                 report.notes.append(f"{name}: {moved} query row(s) traded places with a near-tied one (set "
-                                    f"prediction; at most {contract.max_moved_rows} allowed)")
-                if moved > contract.max_moved_rows:
-                    report.checks.append({"probe": name, "output": "+".join(contract.row_sets), "group": "rows",
+                                    f"prediction; at most {rows.max_moved} allowed)")
+                if moved > rows.max_moved:
+                    report.checks.append({"probe": name, "output": "+".join(rows.outputs), "group": "rows",
                                           "max_abs_error": math.inf, "ratio": math.inf, "allowed": 0.0,
                                           "cosine": 0.0, "passed": False, "shape": f"{moved} rows out of order"})
             for g in groups:
@@ -332,7 +334,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         if nms is None and compared is not got:  # ties realigned above: compare the decisions eager took
             art = runtime.family.postprocess(compared, metas, vopts)
         if nms:
-            over = (eager_named[contract.nms_input][:, 4:] > vopts.conf).flatten(1).sum(1)
+            over = (eager_named[contract.nms_output()][:, 4:] > vopts.conf).flatten(1).sum(1)
             if bool((over > nms["topk"]).any()):
                 within_topk = runtime.family.postprocess(run["ref"], metas, vopts)
                 eager = [t if bool(o > nms["topk"]) else e for e, t, o in zip(eager, within_topk, over, strict=True)]

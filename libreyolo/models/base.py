@@ -8,89 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from libreyolo.models.contract import ExportContract
 from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
 from libreyolo.utils.checks import check_stride_imgsz
-from libreyolo.utils.tolerance import OutputGroup
-
-
-@dataclass(frozen=True)
-class ExportContract:
-    """What an exported artifact of this family looks like, and how closely it must match eager.
-
-    The export driver, the validator and every runtime read only this; none branches on a
-    family name.
-    """
-
-    input_name: str = "images"
-    input_layout: str = "NCHW"  # float32 RGB in [0, 1]
-    input_color: str = "RGB"
-    input_scale: float = 1.0 / 255.0  # network input = 8-bit pixel * input_scale (then mean/std, if any)
-    # True: the network input is the 8-bit image times input_scale, so image-typed inputs
-    # (CoreML ImageType) carry it exactly; False: a normalised float tensor (the preprocessor
-    # applies a per-channel mean/std), fed to every format as a tensor
-    image_input: bool = True
-    output_names: tuple[str, ...] = ("predictions",)
-    # axes of each output that follow the input's dynamic axes: {output: {axis: name}}
-    output_axes: dict[str, dict[int, str]] = field(
-        default_factory=lambda: {"predictions": {0: "batch", 2: "anchors"}})
-    dynamic_batch: bool = True
-    dynamic_spatial: bool = False
-    # how each output is judged by export validation: slices sharing a unit (box coordinates,
-    # scores, logits, maps, images), each allowed a multiple of the eager model's own float32
-    # error against float64 (libreyolo.utils.tolerance); an output no group names is judged
-    # as one "logit" group. Default: YOLO-style (B, 4 + nc, anchors) predictions
-    groups: tuple[OutputGroup, ...] = (OutputGroup("predictions", "box", axis=1, start=0, stop=4),
-                                       OutputGroup("predictions", "score", axis=1, start=4))
-    # minimum cosine similarity of raw outputs per precision
-    min_cosine: dict[str, float] = field(default_factory=lambda: {"fp32": 0.99999, "fp16": 0.999})
-    # embedded NMS (export option nms=True): the output holding (B, 4 + nc, N) xyxy boxes in
-    # input pixels followed by class scores, or None when the family cannot embed NMS; and the
-    # "module:attribute" of the decoder that turns the NMS outputs into detections at predict time
-    nms_input: str | None = None
-    nms_decoder: str = "libreyolo.export.nms:EmbeddedNmsDecoder"
-    # why the family's decoding has no NMS at all (e.g. a one-to-one head: one box per object), or
-    # None; export refuses nms=True for such a family with this reason instead of "not supported"
-    nms_free: str | None = None
-    # outputs whose size along one axis follows the number of classes: {output: (axis, offset)}
-    # meaning shape[axis] == nc + offset; runtimes check an artifact's 'nc' against its graph
-    class_axes: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # "module:attribute" of the function that compares decoded predictions (the dicts the
-    # family's postprocess returns) of eager and artifact during validation; it returns a dict
-    # with at least "passed" (see libreyolo.comparison.matching); None: the task's own matcher
-    # (libreyolo.tasks: detect match_detections, classify match_classes, semantic match_masks)
-    decoded_match: str | None = None
-    # outputs whose axis 1 holds one row per query of a set prediction (DETR): rows of these
-    # outputs are compared jointly, and rows that only traded places between eager and artifact
-    # (a near-tie in the top-k query selection decided by one ulp) are matched before comparing,
-    # at most ``max_moved_rows`` per image
-    row_sets: tuple[str, ...] = ()
-    max_moved_rows: int = 0
-    # the submodule whose output's maximum over the last axis scores the candidates that the query
-    # top-k keeps (DETR's encoder score head): near-ties at the edge of that selection let another
-    # float32 program keep another candidate in the last rows (libreyolo.comparison.selection); None: no selection
-    selection: str | None = None
-    # the largest rank (batch axis included) of a tensor the traced forward builds: 4 for
-    # convolutional networks, 5 for attention that splits q/k/v along a new axis, 6 for window
-    # attention and deformable sampling; a format whose tensors hold fewer axes
-    # (Exporter.max_tensor_rank) refuses the family before anything is built (checked against the
-    # trace in tests/test_export_ncnn.py)
-    tensor_rank: int = 4
-
-    def cosine_floor(self, fmt: str, precision: str, device: str = "cpu") -> float:
-        """The minimum cosine for one format, precision and device type (most specific key wins);
-        the validator lowers it where the eager model's own drift would not meet it."""
-        for key in (f"{fmt}:{device}:{precision}", f"{fmt}:{precision}", precision):
-            if key in self.min_cosine:
-                return self.min_cosine[key]
-        if precision == "int8":  # no INT8 bar of its own: the fp16 one (the validator lowers it to the
-            return self.cosine_floor(fmt, "fp16", device)  # quantized eager model's own measured drift)
-        raise KeyError(f"no cosine floor for {fmt} {precision} on {device}")
 
 
 class Family:
@@ -106,7 +31,10 @@ class Family:
     filename_pattern: ClassVar[str]
     # what the reference checkpoints store next to the state dict for this family
     extra_meta: ClassVar[dict[str, Any]] = {}
-    export: ClassVar[ExportContract] = ExportContract()
+    # what an exported artifact looks like: a contract of the kind the family's base class names in
+    # ``contract_kind`` (libreyolo.models.contract; checked when the family registers)
+    export: ClassVar[ExportContract]
+    contract_kind: ClassVar[type[ExportContract]]
     SUPPORTS_CUDA_GRAPH: ClassVar[bool] = False
     # one CUDA graph from the letterboxed batch to padded detections (forward + device_postprocess);
     # set only once the pipeline parity check passes (libreyolo.graphs.parity, docs/graphs.md)

@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from libreyolo.errors import ArgumentError
-from libreyolo.models.base import ExportContract, Family, OutputGroup
+from libreyolo.models.base import Family
+from libreyolo.models.contract import ImageContract, OutputGroup
 from libreyolo.ops.classify import IMAGENET_MEAN, IMAGENET_STD, ResizeCrop, classify_postprocess
 from libreyolo.ops.letterbox import LetterboxMeta
 
-CLASSIFY_EXPORT = ExportContract(
+CLASSIFY_EXPORT = ImageContract(
     tensor_rank=4,  # ViT/DeiT split q/k/v on the channel axis: (B, heads, N, dim), nothing above rank 4
     input_name="images",
     image_input=False,  # normalised with a per-channel mean/std: a float tensor, not an 8-bit image
@@ -42,6 +43,7 @@ class ClassifyFamily(Family):
     """Base of every image-classification family (task ``classify``)."""
 
     task = "classify"
+    contract_kind = ImageContract
     training = "libreyolo.train.loss.classify:ClassificationLoss"  # label-smoothed cross-entropy
     default_imgsz = 224
     stride = 16

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from libreyolo.models.base import Family
+from libreyolo.models.contract import DenseContract
 from libreyolo.ops.letterbox import LetterboxMeta
 from libreyolo.ops.postprocess import DetectPostprocess, detect_postprocess_later
 from libreyolo.ops.topk import One2OnePostprocess, one2one_postprocess_later
@@ -28,6 +29,7 @@ class DenseDetectFamily(Family):
     """Base of every dense detection family (task ``detect``)."""
 
     task = "detect"
+    contract_kind = DenseContract
 
     def device_postprocess(self) -> DetectPostprocess:
         return _DEVICE_POSTPROCESS

@@ -26,10 +26,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from libreyolo.models.base import ExportContract, Family, OutputGroup
+from libreyolo.models.base import Family
+from libreyolo.models.contract import ImageContract, OutputGroup
 from libreyolo.ops.pad import PadMeta, PadToMultiple
 
-RESTORE_EXPORT = ExportContract(
+RESTORE_EXPORT = ImageContract(
     tensor_rank=6,  # SwinIR's window partition (B, H/w, w, W/w, w, C)
     input_name="images",
     image_input=True,  # the 8-bit image / 255: the network subtracts its mean inside
@@ -47,6 +48,7 @@ class RestoreFamily(Family):
     """Base of every image-restoration family (task ``restore``)."""
 
     task = "restore"
+    contract_kind = ImageContract
     export = RESTORE_EXPORT
     scale: ClassVar[int] = 4
     stride = 8           # the side multiple the network needs (its attention window)

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract, Family, OutputGroup
+from libreyolo.models.base import Family
+from libreyolo.models.contract import OutputGroup, PixelContract
 from libreyolo.ops.letterbox import Letterbox, LetterboxMeta
 from libreyolo.ops.semantic import semantic_postprocess
 
-SEMANTIC_EXPORT = ExportContract(
+SEMANTIC_EXPORT = PixelContract(
     input_name="images",
     image_input=True,  # the 8-bit image / 255: the network normalises inside
     output_names=("logits",),
@@ -43,6 +44,7 @@ class SemanticFamily(Family):
     """Base of every semantic-segmentation family (task ``semantic``)."""
 
     task = "semantic"
+    contract_kind = PixelContract
     training = "libreyolo.train.loss.semantic:SemanticLoss"  # cross-entropy, 255 ignored
     training_items = ("sem",)
     train_capture = "network"

@@ -82,7 +82,11 @@ class ArtifactPredictor(Predictor):
                 f"with {current}; re-export it with this version"
             )
         if meta.get("nms"):
-            module_name, _, attr = family.export.nms_decoder.partition(":")
+            path = family.export.nms_decoder_path()
+            if path is None:
+                raise CheckpointError(f"{self.path}: the artifact holds embedded NMS outputs, but family {family.name} "
+                                      f"({family.export.kind} contract) has no NMS decoder; re-export with nms=False")
+            module_name, _, attr = path.partition(":")
             decoder = getattr(importlib.import_module(module_name), attr)(meta["nms"])
             self.family = DecodedFamily(family, decoder)  # type: ignore[assignment]
         else:

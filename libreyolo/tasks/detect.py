@@ -160,7 +160,7 @@ def detection_conf(model: Any, sample: torch.Tensor, metas: list, conf: float, w
     if not all(bool(torch.isfinite(t).all()) for t in out.values() if t.is_floating_point()):
         raise ExportError("the eager model itself outputs NaN or Inf on the sample image (overflowing or broken "
                           "weights), so there is nothing valid to export or compare; nothing was written")
-    name = family.export.nms_input
+    name = family.export.nms_output()
     if name is None:
         # no candidate tensor to rank (a set predictor, e.g. DETR): step conf down until the
         # family's own postprocessing keeps enough detections

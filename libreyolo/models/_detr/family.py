@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from libreyolo.models._detr.training import lw_train_decode, lw_train_encode, train_decode, train_encode
-from libreyolo.models.base import ExportContract, Family, OutputGroup
+from libreyolo.models.base import Family
+from libreyolo.models.contract import OutputGroup, SetContract
 from libreyolo.ops.stretch import Stretch
 from libreyolo.ops.topk import SetPostprocess, topk_postprocess_later
 
@@ -24,7 +25,7 @@ _DEVICE_POSTPROCESS = SetPostprocess("pred_logits", "pred_boxes")
 # DETR outputs are per-query rows; logits reach tens, so float32 artifacts are held to 1e-4
 # plus a relative 1e-5, and float16 ones (TensorRT) to a looser bound: decoders drift in fp16
 # (docs/export.md)
-DETR_EXPORT = ExportContract(
+DETR_EXPORT = SetContract(
     tensor_rank=4,  # deformable sampling in the flat layout: (B, queries, heads, 2 * points) (NCNN holds 4 axes)
     input_name="images",
     output_names=("pred_logits", "pred_boxes"),
@@ -36,7 +37,6 @@ DETR_EXPORT = ExportContract(
     # a small box's extent, a correct ONNX Runtime export of rtdetr-r18 failed at 1.1x)
     groups=(OutputGroup("pred_logits", "logit", axis=-1), OutputGroup("pred_boxes", "sigmoid", axis=-1)),
     min_cosine={"fp32": 0.99999, "fp16": 0.99},
-    nms_input=None,
     class_axes={"pred_logits": (2, 0)},
     row_sets=("pred_logits", "pred_boxes"),
     max_moved_rows=300,  # any, as long as every row has its own match (tied selections reorder many)
@@ -54,6 +54,7 @@ class SetDetectFamily(Family):
     hooks, and postprocessing. A family adds its network, sizes, letterbox and file names."""
 
     task = "detect"
+    contract_kind = SetContract
     export = DETR_EXPORT
     quant_exclude = DETR_QUANT_EXCLUDE
     nc_key = "decoder.enc_score_head.bias"

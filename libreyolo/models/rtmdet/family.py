@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract
+from libreyolo.models.contract import DenseContract
 from libreyolo.models.dense import DenseDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.rtmdet.network import SIZES, RTMDet, decode
@@ -102,7 +102,7 @@ class RTMDetFamily(DenseDetectFamily):
     stride = 32
     filename_pattern = r"LibreRTMDet(?P<size>[tsmlx])"
     quant_exclude = ("head.rtm_cls.*", "head.rtm_reg.*")  # the final class and box convolutions
-    export = ExportContract(
+    export = DenseContract(
         input_name="images",
         input_color="BGR",
         input_scale=1.0,  # 0..255 pixel values, then the mean/std of the letterbox

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract
+from libreyolo.models.contract import DenseContract
 from libreyolo.models.dense import DenseDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.yolo9.network import SIZES, YOLOv9
@@ -20,7 +20,7 @@ class Yolo9(DenseDetectFamily):
     stride = 32
     filename_pattern = r"LibreYOLO9(?P<size>[tsmc])"
     extra_meta = {"letterbox_pad": "topleft"}
-    export = ExportContract(
+    export = DenseContract(
         input_name="images",
         output_names=("predictions",),
         output_axes={"predictions": {0: "batch", 2: "anchors"}},

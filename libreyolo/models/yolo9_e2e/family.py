@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from libreyolo.models.base import ExportContract
+from libreyolo.models.contract import DenseContract
 from libreyolo.models.dense import One2OneDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.yolo9.network import SIZES
@@ -24,7 +24,7 @@ class Yolo9E2E(One2OneDetectFamily):
     stride = 32
     filename_pattern = r"LibreYOLO9E2E(?P<size>[tsmc])"
     extra_meta = {"letterbox_pad": "topleft"}
-    export = ExportContract(
+    export = DenseContract(
         input_name="images",
         output_names=("predictions",),
         output_axes={"predictions": {0: "batch", 2: "anchors"}},

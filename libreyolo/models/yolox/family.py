@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from libreyolo.models.base import ExportContract, OutputGroup
+from libreyolo.models.contract import DenseContract, OutputGroup
 from libreyolo.models.dense import DenseDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.yolox.network import SIZES, YOLOX, decode
@@ -29,7 +29,7 @@ class Yolox(DenseDetectFamily):
     default_imgsz = 640
     stride = 32
     filename_pattern = r"LibreYOLOX(?P<size>[ntsmlx])"
-    export = ExportContract(
+    export = DenseContract(
         input_name="images",
         input_color="BGR",
         input_scale=1.0,  # 0..255 pixel values
