@@ -23,6 +23,31 @@ IMGSZ = 320
 
 
 # --- the rules, on made-up numbers ------------------------------------------------------------------------
+def test_near_tied_ranks_inside_the_selection_excuse_their_rows_where_asked():
+    """LW-DETR / RF-DETR queries keep their own content and gather only the candidate's reference box:
+    two candidates near-tied at ranks 1 and 2 ordered the other way change part of rows 1 and 2 (no
+    reordering undoes it). With ``interior`` those rows are left out (the trained RF-DETR-n's ONNX at
+    288 was refused for this at two threads); a row at a rank with no near-tie still fails, and without
+    ``interior`` (whole-row families) nothing inside the selection is excused."""
+    s64 = torch.tensor([[5.0, 4.0, 4.0 - 1e-9, 2.0, 1.0, 0.5]], dtype=torch.float64)
+    s32 = s64 + 1e-7
+    (edge,) = boundaries(s32, s64, k=4, interior=True)
+    assert edge.ties == (1, 2) and edge.swaps == 0
+    assert boundaries(s32, s64, k=4)[0].ties == ()
+    ref = {"pred_logits": torch.zeros(1, 4, 3, dtype=torch.float64),
+           "pred_boxes": torch.arange(16, dtype=torch.float64).reshape(1, 4, 4) / 16}
+    allowed = {k: torch.full_like(v, 1e-6) for k, v in ref.items()}
+    got = {k: v.clone() for k, v in ref.items()}
+    got["pred_boxes"][0, [1, 2]] = got["pred_boxes"][0, [2, 1]]  # the boxes of the tied pair swapped
+    fixed, excused = excuse_rows(ref, got, ("pred_logits", "pred_boxes"), allowed, [edge])
+    assert excused == [[1, 2]] and torch.equal(fixed["pred_boxes"], ref["pred_boxes"])
+    assert excuse_rows(ref, got, ("pred_logits", "pred_boxes"), allowed,
+                       boundaries(s32, s64, k=4))[1] == [[]]  # whole-row rule: not excused
+    wrong = {k: v.clone() for k, v in got.items()}
+    wrong["pred_boxes"][0, 0] += 0.1  # rank 0 is near nothing: the image keeps every row
+    assert excuse_rows(ref, wrong, ("pred_logits", "pred_boxes"), allowed, [edge])[1] == [[]]
+
+
 def test_a_near_tie_at_the_edge_allows_one_swap_in_the_last_rows():
     s64 = torch.tensor([[5.0, 4.0, 3.0, 3.0 - 1e-9, 1.0]], dtype=torch.float64)
     s32 = s64 + 1e-7

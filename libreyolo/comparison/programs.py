@@ -64,7 +64,7 @@ def check_program(module: nn.Module, family: Any, batch: torch.Tensor,
                    "selection": (s32, s64, s_eager)}
     groups = groups_for(contract.groups, run["eager"])
     d32, d16 = eager_drifts(groups, [run], rows.outputs, {})
-    selection_edges([run], rows.outputs)
+    selection_edges([run], rows.outputs, interior=not rows.whole_rows)
     allowed = allowance(groups, e64, d32, d16, eager=run["eager_aligned"])
     precision = "fp32" if batch.dtype == torch.float32 else "fp16"
     min_cos = contract.cosine_floor("compile", precision, batch.device.type)
@@ -72,7 +72,8 @@ def check_program(module: nn.Module, family: Any, batch: torch.Tensor,
     notes: list[str] = []
     for n, got in enumerate(candidates, 1):
         got = _cpu(got)
-        compared, moved = align_row_sets(e64, got, rows.outputs, allowed=allowed)
+        compared, moved = align_row_sets(e64, got, rows.outputs, allowed=allowed) if rows.whole_rows \
+            else (got, 0)
         if moved > rows.max_moved:
             return {"passed": False, "ratio": float("inf"),
                     "line": f"run {n}: {moved} query rows out of order (at most {rows.max_moved} allowed)"}

@@ -65,10 +65,15 @@ class Boundary:
     first_row: int = 0
     gap: float = 0.0    # the float64 scores' gap between the last kept and the first left-out candidate
     reach: float = 0.0  # how far apart two candidates may be and still be ordered either way
+    # kept ranks (query rows) whose candidate lies within reach of the next or previous kept one:
+    # where each query's content is its own (QueryRows.whole_rows False), a program that orders the
+    # two the other way changes part of both rows; filled only where asked (``interior``)
+    ties: tuple[int, ...] = ()
 
 
 def boundaries(s32: torch.Tensor, s64: torch.Tensor, k: int, s16: torch.Tensor | None = None,
-               drift32: float | None = None, drift16: float | None = None) -> list[Boundary]:
+               drift32: float | None = None, drift16: float | None = None,
+               interior: bool = False) -> list[Boundary]:
     """Per image of ``(B, N)`` selection scores (eager float32 and float64; ``s16``: eager float16, for
     a float16 program), the near-ties a program may break otherwise at the top-``k`` edge.
 
@@ -88,7 +93,14 @@ def boundaries(s32: torch.Tensor, s64: torch.Tensor, k: int, s16: torch.Tensor |
         kept_near = int((top[:k] - top[k] <= reach).sum())       # kept, within reach of the first left out
         left_near = int((top[k - 1] - top[k:] <= reach).sum())   # left out, within reach of the last kept
         swaps = min(kept_near, left_near)
-        out.append(Boundary(swaps, k - kept_near if swaps else k, float(top[k - 1] - top[k]), reach))
+        ties: tuple[int, ...] = ()
+        if interior:
+            near = (top[: k - 1] - top[1:k]) <= reach  # rank i and i + 1 within reach
+            tied = torch.zeros(k, dtype=torch.bool)
+            tied[:-1] |= near
+            tied[1:] |= near
+            ties = tuple(tied.nonzero().flatten().tolist())
+        out.append(Boundary(swaps, k - kept_near if swaps else k, float(top[k - 1] - top[k]), reach, ties))
     return out
 
 
@@ -104,7 +116,7 @@ def excuse_rows(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], name
     rows (the comparison then fails them)."""
     excused: list[list[int]] = [[] for _ in edges]
     if not names or any(n not in ref or n not in got or n not in allowed for n in names) or not any(
-            e.swaps for e in edges):
+            e.swaps or e.ties for e in edges):
         return got, excused
     bad = None
     for n in names:
@@ -120,7 +132,8 @@ def excuse_rows(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], name
     fixed = {n: got[n].detach().clone() for n in names}
     for b, edge in enumerate(edges):
         rows = bad[b].nonzero().flatten().tolist()
-        if not rows or len(rows) > edge.swaps or min(rows) < edge.first_row:
+        at_edge = [r for r in rows if r not in edge.ties]  # rows at an interior near-tie are excused as such
+        if not rows or len(at_edge) > edge.swaps or (at_edge and min(at_edge) < edge.first_row):
             continue
         used = (theirs[b][:, None, :] == mine[b][None, :, :]).all(-1).any(1)  # raw rows some aligned row copies
         unused = (~used).nonzero().flatten().tolist()
@@ -137,9 +150,12 @@ def excuse_rows(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], name
 def describe(excused: list[list[int]], edges: list[Boundary]) -> str:
     """One line for a report: which rows were left out and why."""
     parts = [f"image {b}: rows {rows} (float64 gap {edges[b].gap:.2g} at the edge, reach {edges[b].reach:.2g}, "
-             f"{edges[b].swaps} candidate(s) within it)" for b, rows in enumerate(excused) if rows]
-    return ("query rows at the edge of the top-k selection hold another near-tied candidate and are not "
-            "compared: " + "; ".join(parts))
+             f"{edges[b].swaps} candidate(s) within it"
+             + (f"; {len([r for r in rows if r in edges[b].ties])} at near-tied ranks inside the selection"
+                if edges[b].ties else "") + ")" for b, rows in enumerate(excused) if rows]
+    inside = any(edges[b].ties for b, rows in enumerate(excused) if rows)
+    return ("query rows at the edge of the top-k selection" + (" or at near-tied ranks inside it" if inside else "")
+            + " hold another near-tied candidate and are not compared: " + "; ".join(parts))
 
 
 def selection_runs(net: nn.Module, path: str | None, x: torch.Tensor) -> tuple[Any, torch.Tensor | None]:
@@ -192,7 +208,7 @@ def align_row_sets(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], n
     return aligned, most
 
 
-def selection_edges(runs: list[dict], row_sets: tuple[str, ...]) -> None:
+def selection_edges(runs: list[dict], row_sets: tuple[str, ...], interior: bool = False) -> None:
     """Each run's :class:`~libreyolo.comparison.selection.Boundary` per image (``run["edges"]``), from the
     selection scores tapped in it, with the eager model's largest score errors over all runs."""
     scored = [r for r in runs if r.get("selection") and r["selection"][0] is not None
@@ -206,4 +222,4 @@ def selection_edges(runs: list[dict], row_sets: tuple[str, ...]) -> None:
         if id(r) in ids:
             s32, s64, s16 = r["selection"]
             r["edges"] = boundaries(s32, s64, r["e64"][row_sets[0]].shape[1], s16, d32,
-                                              d16 if s16 is not None else None)
+                                              d16 if s16 is not None else None, interior)

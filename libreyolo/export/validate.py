@@ -231,7 +231,7 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
     decisions: dict[str, int] = {}
     rows = contract.query_rows()
     d32, d16 = eager_drifts(groups, runs, rows.outputs, decisions, quant_floor)
-    selection_edges(runs, rows.outputs)
+    selection_edges(runs, rows.outputs, interior=not rows.whole_rows)
     if decisions:
         report.notes.append("eager float32 decides some elements otherwise than float64 (a tie broken the other way: "
                             + ", ".join(f"{n} in {k}" for k, n in decisions.items())
@@ -285,7 +285,8 @@ def _validate(model: Any, exporter: Exporter, path: Path, opts: ExportOptions, r
         score_tol = max(score_tol, score_tolerance(groups, allowance(groups, run["e64"], d32, d16)))
         compared = got
         if nms is None:
-            compared, moved = align_row_sets(run["e64"], got, rows.outputs, allowed=allowed)
+            compared, moved = align_row_sets(run["e64"], got, rows.outputs, allowed=allowed) if rows.whole_rows \
+                else (got, 0)
             compared, excused = selection.excuse_rows(run["e64"], compared, rows.outputs, allowed,
                                                       run.get("edges", []), raw=got)
             if any(excused):

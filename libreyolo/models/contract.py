@@ -39,6 +39,12 @@ class QueryRows:
     outputs: tuple[str, ...] = ()
     max_moved: int = 0
     selection: str | None = None
+    # whether a query's whole row follows its selected candidate (RT-DETR, D-FINE: content and box
+    # are gathered with the candidate, so a near-tie moves whole rows, which are put back in order);
+    # False where each query's content is its own (LW-DETR, RF-DETR: learned per query, only the
+    # reference box is gathered): a near-tie inside the selection then changes part of two rows,
+    # which no reordering undoes, and rows at near-tied ranks are left out instead
+    whole_rows: bool = True
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,8 @@ class SetContract(ExportContract):
     # the submodule whose output scores the candidates the query top-k keeps (DETR's encoder score
     # head; libreyolo.comparison.selection), or None
     selection: str | None = None
+    # see QueryRows.whole_rows
+    rows_follow_candidates: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -187,7 +195,7 @@ class SetContract(ExportContract):
         return {"row_sets": set(self.row_sets)}
 
     def query_rows(self) -> QueryRows:
-        return QueryRows(self.row_sets, self.max_moved_rows, self.selection)
+        return QueryRows(self.row_sets, self.max_moved_rows, self.selection, self.rows_follow_candidates)
 
 
 @dataclass(frozen=True)

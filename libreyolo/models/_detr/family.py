@@ -90,7 +90,8 @@ class SetDetectFamily(Family):
 # query selection scores the first encoder class head
 LW_EXPORT = replace(DETR_EXPORT, image_input=False,  # ImageNet mean/std follow the resize
                     tensor_rank=6,  # LW-DETR's ViT window partition (rfdetr declares its own)
-                    selection="transformer.enc_out_class_embed.0")
+                    selection="transformer.enc_out_class_embed.0",
+                    rows_follow_candidates=False)  # learned per-query content; only reference boxes are gathered
 LW_QUANT_EXCLUDE = ("class_embed", "bbox_embed.*", "transformer.enc_out_class_embed.*",
                     "transformer.enc_out_bbox_embed.*", "transformer.decoder.layers.*.cross_attn.attention_weights",
                     "transformer.decoder.layers.*.cross_attn.sampling_offsets")
