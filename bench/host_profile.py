@@ -31,43 +31,47 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    sync, dev = torch.cuda.synchronize, torch.device("cuda")
     for name in args.families:
-        model = seeded_model(name, SIZES[name], device="cuda")
-        frame = _frame(name, model.family.task)
-        kw = {"conf": 0.25} if model.family.task == "detect" else {}
-        x, _ = model.family.letterbox(model.imgsz)([array_source(frame, "bgr", "frame").to_device(dev)],
-                                                   dtype=torch.float16 if args.half else torch.float32)
-        call = lambda: model.predict(frame, half=args.half, cuda_graph=True, **kw)  # noqa: E731
-        fwd = _median_ms(lambda: model._graph_forward(x, True), 100, 10, sync)
-        pred = _median_ms(call, 100, 10, sync)
-        text = [f"## {name}-{SIZES[name]} {'fp16' if args.half else 'fp32'}: predict {pred} ms, forward alone {fwd} ms, "
-                f"over {pred - fwd:.3f} ms"]
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                call()
-            sync()
-        events = prof.key_averages()
-        text.append(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
-        text.append(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(args.n):
+        profile_one(name, args)
+
+
+def profile_one(name: str, args: argparse.Namespace) -> None:
+    sync, dev = torch.cuda.synchronize, torch.device("cuda")
+    model = seeded_model(name, SIZES[name], device="cuda")
+    frame = _frame(name, model.family.task)
+    kw = {"conf": 0.25} if model.family.task == "detect" else {}
+    x, _ = model.family.letterbox(model.imgsz)([array_source(frame, "bgr", "frame").to_device(dev)],
+                                               dtype=torch.float16 if args.half else torch.float32)
+    call = lambda: model.predict(frame, half=args.half, cuda_graph=True, **kw)  # noqa: E731
+    fwd = _median_ms(lambda: model._graph_forward(x, True), 100, 10, sync)
+    pred = _median_ms(call, 100, 10, sync)
+    tag = "fp16" if args.half else "fp32"
+    text = [f"## {name}-{SIZES[name]} {tag}: predict {pred} ms, forward alone {fwd} ms, over {pred - fwd:.3f} ms"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
             call()
         sync()
-        pr.disable()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(35)
-        text.append(f"cProfile, {args.n} calls, by own time:\n" + s.getvalue())
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(45)
-        text.append("by cumulative time:\n" + s.getvalue())
-        out = "\n".join(text)
-        print(out)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"host-profile-{name}.txt").write_text(out)
+    events = prof.key_averages()
+    text.append(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    text.append(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(args.n):
+        call()
+    sync()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(35)
+    text.append(f"cProfile, {args.n} calls, by own time:\n" + s.getvalue())
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(45)
+    text.append("by cumulative time:\n" + s.getvalue())
+    out = "\n".join(text)
+    print(out)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"host-profile-{name}.txt").write_text(out)
 
 
 if __name__ == "__main__":
