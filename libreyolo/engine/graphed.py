@@ -22,7 +22,8 @@ RUNNERS = (GRAPHS, GRAPHS_COMPILED)
 
 class ModelGraphs:
     """The graph methods of :class:`~libreyolo.engine.model.Model` (a mixin: it uses the model's
-    inference copies, compile setting and family)."""
+    inference copies, its graph part (:class:`~libreyolo.engine.graph_state.GraphState`), compile part
+    and family)."""
 
     def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
         """Graph replay without the family check (the parity harness uses it to verify a family)."""
@@ -49,7 +50,7 @@ class ModelGraphs:
         with :meth:`compile` on, another runner's graphs capture the copy's compiled network
         (validated against the copy before its first capture of a shape)."""
         copy = self.inference_copy() if copy is None else copy
-        if self._compile is False:
+        if not self._compilation.on:
             return copy.attached(GRAPHS, self._new_graph_runner)
         runner = copy.attachment(GRAPHS_COMPILED)
         if runner is not None:
@@ -58,11 +59,7 @@ class ModelGraphs:
         return copy.attached(GRAPHS_COMPILED, lambda module: self._new_graph_runner(module, compiled))
 
     def _new_graph_runner(self, module: nn.Module, network: Any = None):
-        from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
-
-        return GraphRunner(module, self._network(module) if network is None else network,
-                           backend=self._graph_backend,
-                           max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
+        return self._graphs.new_runner(module, self._network(module) if network is None else network)
 
     def _graph_runners(self) -> list:
         """The graph runners of the live inference copies (none made here)."""
@@ -71,14 +68,9 @@ class ModelGraphs:
     def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
         """Set graph options; returns the current ones. ``max_graphs``: graphs kept per inference copy
         (device and precision; LRU, default 16)."""
-        from libreyolo.graphs import DEFAULT_MAX_GRAPHS
-        from libreyolo.graphs.runner import _check_max_graphs
-
         if max_graphs is not None:
-            self._max_graphs = _check_max_graphs(max_graphs)
-            for runner in self._graph_runners():
-                runner.set_max_graphs(max_graphs)
-        return {"max_graphs": self._max_graphs or DEFAULT_MAX_GRAPHS}
+            self._graphs.set_max_graphs(max_graphs, self._graph_runners())
+        return {"max_graphs": self._graphs.max_graphs}
 
     def capture_graph(self, imgsz: int | None = None, batch: int = 1,
                       dtype: torch.dtype | None = None, *, frame_size: Any = None, color_format: str = "bgr",
@@ -161,16 +153,7 @@ class ModelGraphs:
         """
         info = self._graph_info_head()
         runners = self._graph_runners() or [self._graph_runner()]
-        infos = [r.info() for r in runners]
-        merged = dict(infos[0])
-        for key in ("graphs", "failures", "eager_fallbacks", "pending"):
-            merged[key] = [item for i in infos for item in i[key]]
-        totals = self._graph_totals
-        for key in ("captures", "evictions", "invalidations"):
-            merged[key] = totals[key] + sum(i[key] for i in infos)
-        last = [i["last_invalidation"] for i in infos if i["last_invalidation"]]
-        merged["last_invalidation"] = last[-1] if last else totals["last_invalidation"]
-        info.update(merged)
+        info.update(self._graphs.merged_info([r.info() for r in runners]))
         return info
 
     def release_graphs(self) -> None:
