@@ -14,7 +14,7 @@ from libreyolo.engine.batches import one_by_one
 from libreyolo.engine.calls import StageClock
 from libreyolo.engine.compile_state import Compilation
 from libreyolo.engine.graph_state import GraphState
-from libreyolo.engine.graphed import COMPILED, COMPILED_IN_GRAPH
+from libreyolo.engine.graphed import COMPILED, COMPILED_IN_GRAPH, GRAPHS, GRAPHS_COMPILED, ForwardGraphs
 from libreyolo.engine.inference import InferenceCopies
 from libreyolo.engine.quantized import Quantization
 from libreyolo.errors import ArgumentError
@@ -75,6 +75,42 @@ def test_graph_state_keeps_retired_counters_and_a_copy_shares_only_the_backend()
     assert twin.backend is backend and twin.totals == state.totals
     twin.totals["captures"] += 5
     assert state.totals["captures"] == 1
+
+
+# --- ForwardGraphs ------------------------------------------------------------------------------------
+class _Family:
+    """What ForwardGraphs asks of a family: the network's outputs by name."""
+
+    @staticmethod
+    def named_outputs(out: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": out}
+
+
+def test_forward_graphs_keep_a_runner_per_copy_and_report_them():
+    """Mutations tried: runner() making a new runner per call (not the attached one); release() not
+    releasing (the graph stays listed); info() ignoring the retired counters (captures 1, not 2);
+    the compiled runner attached under the plain name (the two runners are one)."""
+    backend = EmulatedGraphBackend()
+    state, comp, net = GraphState(backend), Compilation(), _net()
+    graphs, copies = ForwardGraphs(state, comp, _Family()), InferenceCopies(net)
+    c = copies.get("cpu", torch.float32)
+    runner = graphs.runner(c)
+    assert runner is graphs.runner(c) and c.attachment(GRAPHS) is runner and graphs.runners([c]) == [runner]
+    x = torch.rand(1, 3, 8, 8)
+    with torch.inference_mode():
+        runner.capture(x)
+    out = graphs.forward(c, x, True)
+    assert backend.replays == 1 and torch.equal(out["out"], net(x))
+    assert graphs.options(copies.live(), max_graphs=2) == {"max_graphs": 2} and runner.info()["max_graphs"] == 2
+    state.retire([runner], "test")  # as if an older copy had held it: its capture is counted once more
+    info = graphs.info(copies.live(), {"family": "test"}, default=lambda: c)
+    assert info["family"] == "test" and len(info["graphs"]) == 1 and info["captures"] == 2
+    graphs.release(copies.live())
+    assert graphs.info(copies.live(), {}, default=lambda: c)["graphs"] == []
+    comp.set_mode(True, copies.live())
+    compiled_runner = graphs.runner(c)
+    assert compiled_runner is not runner and c.attachment(GRAPHS_COMPILED) is compiled_runner
+    assert c.attachment(COMPILED_IN_GRAPH) is not None and c.attachment(COMPILED) is None
 
 
 # --- Compilation ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
 from libreyolo.engine.calls import CallState
 from libreyolo.engine.compile_state import Compilation
 from libreyolo.engine.graph_state import GraphState
-from libreyolo.engine.graphed import RUNNERS, ModelGraphs
+from libreyolo.engine.graphed import ForwardGraphs, capture_graph
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
 from libreyolo.engine.pipeline import PipelineGraphs
 from libreyolo.engine.plan import COMPILED as COMPILED_EXECUTOR
@@ -28,7 +28,7 @@ from libreyolo.models.base import Family
 _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
 
 
-class Model(ModelGraphs, PipelineGraphs, Predictor):
+class Model(PipelineGraphs, Predictor):
     """An eager model. Build with :func:`libreyolo.LibreYOLO`."""
 
     _inference: InferenceCopies | None = None  # the inference copies of the current master (see _copies)
@@ -57,6 +57,7 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
         self._calls = CallState()  # call plans, staging buffers, frame sizes seen (libreyolo.engine.calls)
         self._graphs = GraphState()  # graph backend, graphs kept, retired counters (libreyolo.engine.graph_state)
         self._compilation = Compilation()  # compile(): the mode, its programs (libreyolo.engine.compile_state)
+        self._forward_graphs = ForwardGraphs(self._graphs, self._compilation, family)  # a runner per copy
         self._quant = Quantization()  # quantize(): the simulated recipe (libreyolo.engine.quantized)
         self._train_graph: dict[str, Any] | None = None  # the last train() run's graph use
         self._tracking: Any = None  # the tracks of track(persist=True) (libreyolo.track.tracking.Tracking)
@@ -68,7 +69,7 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
         model = cls(ckpt.family, ckpt.size, nc=ckpt.nc, names=ckpt.names, imgsz=ckpt.imgsz,
                     state_dict=ckpt.state_dict, source=ckpt.path, device=device)
         if ckpt.meta.get("quantization") is not None:  # a quantized save (docs/quantization.md)
-            model._quant.restore(model.net, model._copies(), ckpt.meta["quantization"], ckpt.path or "checkpoint")
+            model._restore_quantization(ckpt.meta["quantization"], ckpt.path or "checkpoint")
         return model
 
     # what a copy of the model rebuilds on first use instead of copying: the inference-copy cache (with
@@ -160,7 +161,7 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
         with copy.kernels().active():  # kernel slots resolved once per copy, not per layer call
             if plan.graphed:  # the forward graph (also where a pipeline capture failed for this input)
                 with torch.inference_mode():
-                    return self._graph_runner(copy)(batch, plan.graph)
+                    return self._forward_graphs.runner(copy)(batch, plan.graph)
             compiled = self._compiled(copy) if plan.executor == COMPILED_EXECUTOR else None
             with torch.inference_mode():
                 if compiled is not None:
@@ -227,7 +228,7 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
         copies = self._copies()
         live = []
         for c in copies.live():
-            runners = [r for r in (c.attachment(n) for n in RUNNERS) if r is not None]
+            runners = ForwardGraphs.runners([c])
             live.append({**c.describe(), "graphs": sum(len(r.info()["graphs"]) for r in runners)})
         return {"options": dict(self._inference_opts), "default_dtype": str(self._default_dtype()).replace(
             "torch.", ""), "copies": live, "builds": copies.builds}
@@ -238,7 +239,7 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
     def _note_retired(self, reason: str, retired: list[InferenceCopy]) -> None:
         """Copies were dropped: their graphs and compiled programs go with them; keep the counters cumulative."""
         self._compilation.retire(retired, reason)
-        self._graphs.retire([r for c in retired for r in (c.attachment(n) for n in RUNNERS) if r is not None], reason)
+        self._graphs.retire(ForwardGraphs.runners(retired), reason)
 
     # --- torch.compile of the inference copies (libreyolo.engine.compiled, docs/inference.md) ---
     def compile(self, mode: bool | str = True) -> Model:  # noqa: A003 - the name torch users know
@@ -281,6 +282,55 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
         self._require_graph_support()
         return self._graph_forward(batch, cuda_graph)
 
+    def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
+        """Graph replay without the family check (the parity harness uses it to verify a family)."""
+        return self._forward_graphs.forward(self._copies().get(batch.device, batch.dtype), batch, mode)
+
+    def _graph_runner(self, copy: InferenceCopy | None = None) -> Any:
+        """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
+        model's device and precision): :meth:`ForwardGraphs.runner`."""
+        return self._forward_graphs.runner(self.inference_copy() if copy is None else copy)
+
+    def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
+        """(runner, network) of the whole-pipeline graph for ``batch`` (libreyolo.engine.pipeline)."""
+        runner = self._forward_graphs.runner(self._copies().get(batch.device, batch.dtype))
+        return runner, runner.fn
+
+    def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
+        """Set graph options; returns the current ones. ``max_graphs``: graphs kept per inference copy
+        (device and precision; LRU, default 16)."""
+        return self._forward_graphs.options(self._copies().live(), max_graphs)
+
+    def capture_graph(self, imgsz: int | None = None, batch: int = 1, dtype: torch.dtype | None = None, *,
+                      frame_size: Any = None, color_format: str = "bgr", **options: Any) -> dict[str, Any]:
+        """Capture what ``predict(cuda_graph=True)`` replays for ``(batch, 3, imgsz, imgsz)`` now, so
+        the first request does not pay: the whole pipeline for the task's shape-fixing options
+        (detect: ``max_det``, ``max_nms``) where the family supports it (:meth:`pipeline_unavailable`),
+        else the network forward.
+
+        ``frame_size=(h, w)``: capture instead the graph that starts from ``batch`` uploaded 8-bit
+        frames of that size (arrays in ``color_format``, files, video frames) and letterboxes them
+        inside (docs/graphs.md); predict() then uses it from the first such batch.
+
+        ``dtype``: None is the model's precision (see :meth:`half`); ``torch.float16`` captures for
+        ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
+        the graph's entry of :meth:`graph_info`.
+        """
+        return capture_graph(self, imgsz, batch, dtype, frame_size=frame_size, color_format=color_format, **options)
+
+    def graph_info(self) -> dict[str, Any]:
+        """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md.
+
+        Graphs of every inference copy (device and precision) are listed; the counters include
+        graphs dropped with copies that were retired because the weights changed.
+        """
+        head = self._graph_info_head()
+        return self._forward_graphs.info(self._copies().live(), head, self.inference_copy)
+
+    def release_graphs(self) -> None:
+        """Free every captured graph and its memory; recorded capture failures are forgotten too."""
+        self._forward_graphs.release(self._copies().live())
+
     # --- quantization (libreyolo.engine.quantized, docs/quantization.md) -----------------------
     def quantize(self, recipe: str = "int8", data: Any = None, samples: int = 256, method: str = "minmax",
                  exclude: str | Sequence[str] | None = None) -> Model:
@@ -291,10 +341,7 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
         of the family's ``quant_exclude``. A quantized model is calibrated again from float.
         Returns the model.
         """
-        def batches(files: list) -> Iterator[torch.Tensor]:  # preprocessed exactly as predict() does, in float32
-            return calibration_batches(self._preprocessor(self.imgsz), self.device, files)
-
-        self._quant.quantize(self.net, self._copies(), batches,
+        self._quant.quantize(self.net, self._copies(), self._calibration_batches,
                              family_exclude=tuple(self.family.quant_exclude), recipe=recipe, data=data,
                              samples=samples, method=method, exclude=exclude)
         return self
@@ -316,6 +363,14 @@ class Model(ModelGraphs, PipelineGraphs, Predictor):
     def _quant_entry(self) -> dict[str, Any] | None:
         """The checkpoint's ``quantization`` entry (None: float); what export writes for a quantized model."""
         return self._quant.entry(self.net)
+
+    def _restore_quantization(self, entry: Any, where: str) -> None:
+        """Quantize as a checkpoint's ``quantization`` entry says (``where`` names it in errors)."""
+        self._quant.restore(self.net, self._copies(), entry, where)
+
+    def _calibration_batches(self, files: list) -> Iterator[torch.Tensor]:
+        """The calibration images, preprocessed exactly as predict() does at ``imgsz`` (float32)."""
+        return calibration_batches(self._preprocessor(self.imgsz), self.device, files)
 
     # --- weights -----------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> Model:
