@@ -28,7 +28,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def model(one_thread):
     m = seeded_model("yolo9", "t", device="cpu")
-    m._graph_backend = EmulatedGraphBackend()
+    m.set_graph_backend(EmulatedGraphBackend())
     return m
 
 
@@ -160,7 +160,7 @@ def test_the_model_declares_its_parts_and_calls_create_none(model):
     tried: the staging pool made with ``__dict__.setdefault`` again adds ``_staging`` here)."""
     fresh = seeded_model("yolo9", "t", device="cpu")
     declared = set(vars(fresh))
-    assert {"_inference", "_calls", "_quant", "_train_graph", "_graph_backend", "_tracking"} <= declared
+    assert {"_inference", "_calls", "_quant", "_train_graph", "_graphs", "_compilation", "_tracking"} <= declared
     fresh.set_graph_backend(EmulatedGraphBackend())
     fresh.predict(FRAME, imgsz=IMGSZ, batch=1)
     fresh.predict([FRAME, FRAME], imgsz=IMGSZ, batch=2, cuda_graph=True, workers=1)

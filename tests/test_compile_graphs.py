@@ -28,7 +28,7 @@ from tests.test_compile import (
 
 def _graphed(compile_mode=True):
     model = seeded_model("t")
-    model._graph_backend = EmulatedGraphBackend()
+    model.set_graph_backend(EmulatedGraphBackend())
     return model.compile(compile_mode) if compile_mode is not False else model
 
 

@@ -22,6 +22,7 @@ from PIL import Image, ImageOps
 
 import libreyolo.data.device_decode as decode_mod
 import libreyolo.data.sources as sources_mod
+import libreyolo.engine.batches as batches_mod
 import libreyolo.engine.predictor as predictor_mod
 from libreyolo import LibreYOLO
 from libreyolo.data.device_decode import EncodedJPEG, read_for_device
@@ -153,7 +154,9 @@ def test_the_device_decoded_batch_is_letterboxed_whole_with_the_host_paths_numbe
 
     model = LibreYOLO("LibreYOLO9t-shapes.pt")
     monkeypatch.setattr(predictor_mod, "staging_wanted", lambda device: True)
+    monkeypatch.setattr(batches_mod, "staging_wanted", lambda device: True)
     monkeypatch.setattr(predictor_mod, "side_stream", lambda device: None)
+    monkeypatch.setattr(batches_mod, "side_stream", lambda device: None)
     monkeypatch.setattr(predictor_mod, "_device_decoding", lambda device: device)  # the CPU as the device
     staged_batches, real = [], predictor_mod.stage
 
@@ -162,11 +165,12 @@ def test_the_device_decoded_batch_is_letterboxed_whole_with_the_host_paths_numbe
         return staged_batches[-1]
 
     monkeypatch.setattr(predictor_mod, "stage", recorded)
+    monkeypatch.setattr(batches_mod, "stage", recorded)
     kw = {"imgsz": IMGSZ, "conf": 0.01, "batch": 5}
     on_device = model.predict(str(folder), decode="cuda", workers=0, **kw)
     assert staged_batches and all(b.uniform is not None for b in staged_batches)
     monkeypatch.setattr(predictor_mod, "resolve_workers", lambda workers, device: 4 if workers is None else workers)
-    monkeypatch.setattr(predictor_mod, "Feeder", None)  # decode="cuda" defaults to workers=0: no feeder thread
+    monkeypatch.setattr(batches_mod, "Feeder", None)  # decode="cuda" defaults to workers=0: no feeder thread
     default = model.predict(str(folder), decode="cuda", device="cpu", **kw)
     host = model.predict(str(folder), decode="cpu", workers=0, **kw)
     assert sum(len(r) for r in host) > 0

@@ -46,7 +46,7 @@ def backend():
 @pytest.fixture
 def model(backend):
     m = seeded_model("yolo9", "t", device="cpu")
-    m._graph_backend = backend
+    m.set_graph_backend(backend)
     return m
 
 

@@ -101,7 +101,7 @@ def test_graphed_tiles_are_the_eager_tiles():
 
     model = LibreYOLO("LibreSwinIRs.yaml")
     model.net = LocalNet(radius=2).float()
-    model._graph_backend = EmulatedGraphBackend()
+    model.set_graph_backend(EmulatedGraphBackend())
     x = torch.rand(3, 37, 50, generator=torch.Generator().manual_seed(3)) * 0.02
     eager = model.predict(x, tile=16, tile_pad=2).restored.data
     graphed = model.predict(x, tile=16, tile_pad=2, cuda_graph=True).restored.data

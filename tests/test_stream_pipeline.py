@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 import libreyolo.data.sources as sources_mod
+import libreyolo.engine.batches as batches_mod
 import libreyolo.engine.predictor as predictor_mod
 from libreyolo import LibreYOLO
 from libreyolo.data.sources import open_sources
@@ -75,6 +76,7 @@ def _same(a: list, b: list) -> None:
 def forced_staging(model, monkeypatch):
     """The staging path on the CPU (no pinning, no side stream): pack, one copy, views; a new pool."""
     monkeypatch.setattr(predictor_mod, "staging_wanted", lambda device: True)
+    monkeypatch.setattr(batches_mod, "staging_wanted", lambda device: True)
     model._calls = type(model._calls)()  # a new CallState: its staging pool is made on first use
 
 
@@ -112,10 +114,12 @@ def test_a_batch_of_same_size_frames_is_letterboxed_whole_without_per_image_reor
     from libreyolo.graphs.backend import EmulatedGraphBackend
 
     graphed = LibreYOLO("LibreYOLO9t-shapes.pt")
-    graphed._graph_backend = EmulatedGraphBackend()
+    graphed.set_graph_backend(EmulatedGraphBackend())
     monkeypatch.setattr(predictor_mod, "side_stream", lambda device: None)
+    monkeypatch.setattr(batches_mod, "side_stream", lambda device: None)
     staged, real = [], predictor_mod.stage
     monkeypatch.setattr(predictor_mod, "stage", lambda *a, **k: staged.append(real(*a, **k)) or staged[-1])
+    monkeypatch.setattr(batches_mod, "stage", lambda *a, **k: staged.append(real(*a, **k)) or staged[-1])
     frames = [ARRAYS[3]] * 3  # BGR (the default color_format), one size
     kw = {"batch": 3, "workers": 0, "imgsz": IMGSZ, "conf": 0.01}
     eager = graphed.predict(frames, **kw)
@@ -124,6 +128,7 @@ def test_a_batch_of_same_size_frames_is_letterboxed_whole_without_per_image_reor
     assert "letterbox+pipeline" in {g["program"] for g in graphed.graph_info()["graphs"]}
     assert len(staged) == FRAMES_AFTER + 2 and all(b.uniform is not None and b._tensors is None for b in staged)
     monkeypatch.setattr(predictor_mod, "staging_wanted", lambda device: False)
+    monkeypatch.setattr(batches_mod, "staging_wanted", lambda device: False)
     plain = graphed.predict(frames, **kw)  # per-image uploads, reorders and letterbox
     assert len(staged) == FRAMES_AFTER + 2
     _same(eager, plain)
@@ -141,8 +146,9 @@ def test_detr_frames_are_stretched_whole_inside_the_graph_with_the_per_image_num
 
     detr = LibreYOLO(arch)
     torch.manual_seed(0)
-    detr._graph_backend = EmulatedGraphBackend()
+    detr.set_graph_backend(EmulatedGraphBackend())
     monkeypatch.setattr(predictor_mod, "side_stream", lambda device: None)
+    monkeypatch.setattr(batches_mod, "side_stream", lambda device: None)
     frames = [ARRAYS[3], np.ascontiguousarray(ARRAYS[3][::-1])]  # BGR, one size, two different frames
     kw = {"batch": 2, "workers": 0, "imgsz": IMGSZ, "conf": 0.01}
     eager = detr.predict(frames, **kw)
@@ -150,6 +156,7 @@ def test_detr_frames_are_stretched_whole_inside_the_graph_with_the_per_image_num
         got = detr.predict(frames, cuda_graph=True, **kw)
     assert "letterbox+pipeline" in {g["program"] for g in detr.graph_info()["graphs"]}
     monkeypatch.setattr(predictor_mod, "staging_wanted", lambda device: False)
+    monkeypatch.setattr(batches_mod, "staging_wanted", lambda device: False)
     plain = detr.predict(frames, **kw)  # per-image uploads, reorders and stretch
     _same(eager, plain)
     _same(got, plain)

@@ -1,10 +1,11 @@
-"""The CUDA graphs of a :class:`~libreyolo.engine.model.Model`: one
-:class:`~libreyolo.graphs.GraphRunner` per inference copy (device and precision; with ``compile``
-on, another whose graphs hold the compiled network), ``capture_graph()``, ``graph_info()`` and
-``release_graphs()`` (docs/graphs.md). The whole-pipeline programs they replay are
+"""The forward CUDA graphs of a :class:`~libreyolo.engine.model.Model`: :class:`ForwardGraphs`, the part
+that keeps one :class:`~libreyolo.graphs.GraphRunner` per inference copy (device and precision; with
+``compile`` on, another whose graphs hold the compiled network), and :func:`capture_graph`, what the
+model's ``capture_graph()`` runs (docs/graphs.md). The whole-pipeline programs they replay are
 :mod:`libreyolo.engine.pipeline`'s."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -20,22 +21,21 @@ COMPILED_IN_GRAPH = "compiled:in-graph"  # ... and that network (a mode without 
 RUNNERS = (GRAPHS, GRAPHS_COMPILED)
 
 
-class ModelGraphs:
-    """The graph methods of :class:`~libreyolo.engine.model.Model` (a mixin: it uses the model's
-    inference copies, compile setting and family)."""
+class ForwardGraphs:
+    """The graph runners of a model's inference copies (a part of the model, usable alone).
 
-    def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
-        """Graph replay without the family check (the parity harness uses it to verify a family)."""
-        runner = self._graph_runner(self._copies().get(batch.device, batch.dtype))
-        with torch.inference_mode():
-            return runner(batch, mode)
+    ``state``: the model's :class:`~libreyolo.engine.graph_state.GraphState` (backend, graphs kept,
+    counters); ``compilation``: its :class:`~libreyolo.engine.compile_state.Compilation` (with compile
+    on, graphs capture the copy's compiled network); ``family``: names the network's outputs.
+    Runners are attached to the copies, so they go when the copies are retired."""
 
-    # --- the whole-pipeline graph: forward + decoding + candidates + NMS (libreyolo.engine.pipeline) ---
-    def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
-        runner = self._graph_runner(self._copies().get(batch.device, batch.dtype))
-        return runner, runner.fn
+    def __init__(self, state: Any, compilation: Any, family: Any) -> None:
+        self.state = state
+        self.compilation = compilation
+        self.family = family
 
-    def _network(self, module: nn.Module):
+    def network(self, module: nn.Module) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
+        """``module``'s forward with the family's output names (what a runner captures)."""
         family = self.family
 
         def network(x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -43,137 +43,110 @@ class ModelGraphs:
 
         return network
 
-    def _graph_runner(self, copy: InferenceCopy | None = None):
-        """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
-        model's device and precision). Graphs capture the copy's module and are released with it;
-        with :meth:`compile` on, another runner's graphs capture the copy's compiled network
-        (validated against the copy before its first capture of a shape)."""
-        copy = self.inference_copy() if copy is None else copy
-        if self._compile is False:
-            return copy.attached(GRAPHS, self._new_graph_runner)
+    def runner(self, copy: InferenceCopy) -> Any:
+        """The :class:`~libreyolo.graphs.GraphRunner` of ``copy``, made on first use. Graphs capture the
+        copy's module and are released with it; with compile on, another runner's graphs capture the
+        copy's compiled network (validated against the copy before its first capture of a shape)."""
+        if not self.compilation.on:
+            return copy.attached(GRAPHS, self._new_runner)
         runner = copy.attachment(GRAPHS_COMPILED)
         if runner is not None:
             return runner
-        compiled = self._compiled(copy, in_graph=True)
-        return copy.attached(GRAPHS_COMPILED, lambda module: self._new_graph_runner(module, compiled))
+        compiled = self.compilation.program(copy, self.family, in_graph=True)
+        return copy.attached(GRAPHS_COMPILED, lambda module: self._new_runner(module, compiled))
 
-    def _new_graph_runner(self, module: nn.Module, network: Any = None):
-        from libreyolo.graphs import DEFAULT_MAX_GRAPHS, GraphRunner
+    def _new_runner(self, module: nn.Module, network: Any = None) -> Any:
+        return self.state.new_runner(module, self.network(module) if network is None else network)
 
-        return GraphRunner(module, self._network(module) if network is None else network,
-                           backend=self._graph_backend,
-                           max_graphs=self._max_graphs or DEFAULT_MAX_GRAPHS)
+    def forward(self, copy: InferenceCopy, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
+        """``batch`` through ``copy``'s runner in graph ``mode`` (no family check)."""
+        runner = self.runner(copy)
+        with torch.inference_mode():
+            return runner(batch, mode)
 
-    def _graph_runners(self) -> list:
-        """The graph runners of the live inference copies (none made here)."""
-        return [r for c in self._copies().live() for r in (c.attachment(n) for n in RUNNERS) if r is not None]
+    @staticmethod
+    def runners(copies: Iterable[InferenceCopy]) -> list:
+        """The runners of ``copies`` (none made here)."""
+        return [r for c in copies for r in (c.attachment(n) for n in RUNNERS) if r is not None]
 
-    def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
-        """Set graph options; returns the current ones. ``max_graphs``: graphs kept per inference copy
-        (device and precision; LRU, default 16)."""
-        from libreyolo.graphs import DEFAULT_MAX_GRAPHS
-        from libreyolo.graphs.runner import _check_max_graphs
-
+    def options(self, copies: Iterable[InferenceCopy], max_graphs: int | None = None) -> dict[str, Any]:
+        """``graph_options()``: set ``max_graphs`` (for new runners and those of ``copies``); the current ones."""
         if max_graphs is not None:
-            self._max_graphs = _check_max_graphs(max_graphs)
-            for runner in self._graph_runners():
-                runner.set_max_graphs(max_graphs)
-        return {"max_graphs": self._max_graphs or DEFAULT_MAX_GRAPHS}
+            self.state.set_max_graphs(max_graphs, self.runners(copies))
+        return {"max_graphs": self.state.max_graphs}
 
-    def capture_graph(self, imgsz: int | None = None, batch: int = 1,
-                      dtype: torch.dtype | None = None, *, frame_size: Any = None, color_format: str = "bgr",
-                      **options: Any) -> dict[str, Any]:
-        """Capture what ``predict(cuda_graph=True)`` replays for ``(batch, 3, imgsz, imgsz)`` now, so
-        the first request does not pay: the whole pipeline for the task's shape-fixing options
-        (detect: ``max_det``, ``max_nms``) where the family supports it (:meth:`pipeline_unavailable`),
-        else the network forward.
+    def info(self, copies: list[InferenceCopy], head: dict[str, Any],
+             default: Callable[[], InferenceCopy]) -> dict[str, Any]:
+        """``graph_info()``: ``head`` (family, support, pipeline) and the runners of ``copies`` merged
+        with the counters of retired ones (when there is none, the runner of the copy ``default()``
+        gives, made if needed)."""
+        runners = self.runners(copies) or [self.runner(default())]
+        return {**head, **self.state.merged_info([r.info() for r in runners])}
 
-        ``frame_size=(h, w)``: capture instead the graph that starts from ``batch`` uploaded 8-bit
-        frames of that size (arrays in ``color_format``, files, video frames) and letterboxes them
-        inside (docs/graphs.md); predict() then uses it from the first such batch.
-
-        ``dtype``: None is the model's precision (see :meth:`half`); ``torch.float16`` captures for
-        ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
-        the graph's entry of :meth:`graph_info`.
-        """
-        from libreyolo.engine.plan import PIPELINE
-        from libreyolo.graphs import GraphUnavailableError
-
-        self._require_graph_support()
-        if dtype is not None and dtype not in (torch.float32, torch.float16):
-            raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
-        why_not = self._active_graph_backend().unavailable(self.device)
-        if why_not is not None:
-            raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
-        # the plan predict(imgsz=, batch=, half=, cuda_graph=True, **options) runs with: every option checked
-        # (also where only the forward is captured)
-        plan = self.plan(imgsz=imgsz, batch=batch, half=None if dtype is None else dtype == torch.float16,
-                         cuda_graph=True, **options)
-        imgsz, batch, dtype, opts = plan.imgsz, plan.batch, plan.dtype, plan.task_options
-        runner = self._graph_runner(self.inference_copy(self.device, dtype))
-        if frame_size is not None:
-            return self._capture_frames_graph(runner, plan, frame_size, color_format)
-        pad = self.family.letterbox(imgsz).neutral_input  # a blank image, as preprocessed
-        x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=dtype, device=self.device)
-        if plan.executor == PIPELINE:
-            from libreyolo.ops.letterbox import LetterboxMeta
-
-            post = self.family.device_postprocess()
-            metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
-            params = post.params(metas, opts, nc=self.nc, device=self.device)
-            program = self._pipeline_program(runner.fn, post.static(opts))
-            with torch.inference_mode():
-                return runner.capture((x, params), program)
-        with torch.inference_mode():
-            return runner.capture(x)
-
-    def _capture_frames_graph(self, runner: Any, plan: Any, frame_size: Any, color_format: str) -> dict[str, Any]:
-        """capture_graph(frame_size=...): the letterbox+pipeline program for grey frames of that size."""
-        from libreyolo.data.sources import check_pixels
-        from libreyolo.engine.options import PREDICT_OPTIONS as P
-
-        bgr = P["color_format"].check("color_format", color_format) == "bgr"
-        sides = frame_size if isinstance(frame_size, (tuple, list)) and len(frame_size) == 2 else ()
-        if not sides or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sides):
-            raise ArgumentError(f"frame_size must be (height, width) in pixels, e.g. (480, 640), got {frame_size!r}")
-        check_pixels(sides[1], sides[0], "frame_size")
-        pre, batch, dtype, opts = plan.preprocessor, plan.batch, plan.dtype, plan.task_options
-        why = self.pipeline_unavailable(self.device)
-        if why is not None or not callable(getattr(pre, "place_batch", None)):
-            raise ArgumentError(f"frame_size: this model letterboxes outside its graph "
-                                f"({why or 'its preprocessing cannot be captured'}); call capture_graph() without it")
-        post = self.family.device_postprocess()
-        h, w = frame_size
-        raw = torch.full((batch, h, w, 3), 114, dtype=torch.uint8, device=self.device)
-        params = post.params(pre.metas_for(h, w, batch), opts, nc=self.nc, device=self.device)
-        program = self._pipeline_program(runner.fn, post.static(opts), (pre, bgr, dtype))
-        from libreyolo.engine.pipeline import FRAMES_AFTER
-
-        self._frame_sighting(self._frame_key(raw, bgr, pre, dtype, post.static(opts)), at_least=FRAMES_AFTER)
-        with torch.inference_mode():
-            return runner.capture((raw, params), program)
-
-    def graph_info(self) -> dict[str, Any]:
-        """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md.
-
-        Graphs of every inference copy (device and precision) are listed; the counters include
-        graphs dropped with copies that were retired because the weights changed.
-        """
-        info = self._graph_info_head()
-        runners = self._graph_runners() or [self._graph_runner()]
-        infos = [r.info() for r in runners]
-        merged = dict(infos[0])
-        for key in ("graphs", "failures", "eager_fallbacks", "pending"):
-            merged[key] = [item for i in infos for item in i[key]]
-        totals = self._graph_totals
-        for key in ("captures", "evictions", "invalidations"):
-            merged[key] = totals[key] + sum(i[key] for i in infos)
-        last = [i["last_invalidation"] for i in infos if i["last_invalidation"]]
-        merged["last_invalidation"] = last[-1] if last else totals["last_invalidation"]
-        info.update(merged)
-        return info
-
-    def release_graphs(self) -> None:
-        """Free every captured graph and its memory; recorded capture failures are forgotten too."""
-        for runner in self._graph_runners():
+    def release(self, copies: Iterable[InferenceCopy]) -> None:
+        """Free every captured graph of ``copies`` and its memory; recorded capture failures are forgotten too."""
+        for runner in self.runners(copies):
             runner.release()
+
+
+def capture_graph(model: Any, imgsz: int | None = None, batch: int = 1, dtype: torch.dtype | None = None, *,
+                  frame_size: Any = None, color_format: str = "bgr", **options: Any) -> dict[str, Any]:
+    """``model.capture_graph(...)`` (:meth:`libreyolo.engine.model.Model.capture_graph`): the plan of the
+    graphed predict with these options, then the capture of its whole-pipeline or forward graph."""
+    from libreyolo.engine.plan import PIPELINE
+    from libreyolo.graphs import GraphUnavailableError
+
+    model._require_graph_support()
+    if dtype is not None and dtype not in (torch.float32, torch.float16):
+        raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
+    why_not = model._active_graph_backend().unavailable(model.device)
+    if why_not is not None:
+        raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
+    # the plan predict(imgsz=, batch=, half=, cuda_graph=True, **options) runs with: every option checked
+    # (also where only the forward is captured)
+    plan = model.plan(imgsz=imgsz, batch=batch, half=None if dtype is None else dtype == torch.float16,
+                     cuda_graph=True, **options)
+    imgsz, batch, dtype, opts = plan.imgsz, plan.batch, plan.dtype, plan.task_options
+    runner = model._graph_runner(model.inference_copy(model.device, dtype))
+    if frame_size is not None:
+        return _capture_frames_graph(model, runner, plan, frame_size, color_format)
+    pad = model.family.letterbox(imgsz).neutral_input  # a blank image, as preprocessed
+    x = torch.full((batch, 3, imgsz, imgsz), pad, dtype=dtype, device=model.device)
+    if plan.executor == PIPELINE:
+        from libreyolo.ops.letterbox import LetterboxMeta
+
+        post = model.family.device_postprocess()
+        metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
+        params = post.params(metas, opts, nc=model.nc, device=model.device)
+        program = model._pipeline_program(runner.fn, post.static(opts))
+        with torch.inference_mode():
+            return runner.capture((x, params), program)
+    with torch.inference_mode():
+        return runner.capture(x)
+
+
+def _capture_frames_graph(model: Any, runner: Any, plan: Any, frame_size: Any, color_format: str) -> dict[str, Any]:
+    """capture_graph(frame_size=...): the letterbox+pipeline program for grey frames of that size."""
+    from libreyolo.data.sources import check_pixels
+    from libreyolo.engine.options import PREDICT_OPTIONS as P
+
+    bgr = P["color_format"].check("color_format", color_format) == "bgr"
+    sides = frame_size if isinstance(frame_size, (tuple, list)) and len(frame_size) == 2 else ()
+    if not sides or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sides):
+        raise ArgumentError(f"frame_size must be (height, width) in pixels, e.g. (480, 640), got {frame_size!r}")
+    check_pixels(sides[1], sides[0], "frame_size")
+    pre, batch, dtype, opts = plan.preprocessor, plan.batch, plan.dtype, plan.task_options
+    why = model.pipeline_unavailable(model.device)
+    if why is not None or not callable(getattr(pre, "place_batch", None)):
+        raise ArgumentError(f"frame_size: this model letterboxes outside its graph "
+                            f"({why or 'its preprocessing cannot be captured'}); call capture_graph() without it")
+    post = model.family.device_postprocess()
+    h, w = frame_size
+    raw = torch.full((batch, h, w, 3), 114, dtype=torch.uint8, device=model.device)
+    params = post.params(pre.metas_for(h, w, batch), opts, nc=model.nc, device=model.device)
+    program = model._pipeline_program(runner.fn, post.static(opts), (pre, bgr, dtype))
+    from libreyolo.engine.pipeline import FRAMES_AFTER
+
+    model._frame_sighting(model._frame_key(raw, bgr, pre, dtype, post.static(opts)), at_least=FRAMES_AFTER)
+    with torch.inference_mode():
+        return runner.capture((raw, params), program)

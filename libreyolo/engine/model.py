@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +12,23 @@ import torch
 from torch import nn
 
 from libreyolo.checkpoint import Checkpoint, load_state, save_checkpoint
-from libreyolo.engine.graphed import COMPILED, COMPILED_IN_GRAPH, GRAPHS_COMPILED, RUNNERS, ModelGraphs
+from libreyolo.engine.calls import CallState
+from libreyolo.engine.compile_state import Compilation
+from libreyolo.engine.graph_state import GraphState
+from libreyolo.engine.graphed import ForwardGraphs, capture_graph
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
 from libreyolo.engine.pipeline import PipelineGraphs
 from libreyolo.engine.plan import COMPILED as COMPILED_EXECUTOR
 from libreyolo.engine.plan import EAGER, CallPlan
-from libreyolo.engine.predictor import CallState, Predictor
-from libreyolo.engine.quantized import Quantizable
+from libreyolo.engine.predictor import Predictor
+from libreyolo.engine.quantized import Quantization, calibration_batches
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
 
 _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
 
 
-class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
+class Model(PipelineGraphs, Predictor):
     """An eager model. Build with :func:`libreyolo.LibreYOLO`."""
 
     _inference: InferenceCopies | None = None  # the inference copies of the current master (see _copies)
@@ -48,21 +51,16 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
             load_state(self.net, family.inference_state(state_dict), source or f"{family.name}-{size} weights")
         self.net.eval()
         self._half = False  # the default precision of predict() and capture_graph(); the master stays fp32
-        self._max_graphs: int | None = None
         self._inference_opts: dict[str, Any] = {"fold_bn": "auto", "channels_last": "auto"}
-        self._graph_totals: dict[str, Any] = {"captures": 0, "evictions": 0, "invalidations": 0,
-                                              "last_invalidation": None}
-        self._compile: bool | str = False  # LibreYOLO(..., compile=...) / compile(): off, True or a mode
-        self._compile_totals: dict[str, Any] = {"retired": 0, "last_retired": None}
-        # the parts, declared here (none is created behind the model's back): the inference copies of the
-        # current master (made on first use: _copies), plans and staging buffers, quantization, the last
-        # training run's graph use, the graph backend (None: CUDA), the tracks of track(persist=True)
-        self._inference: InferenceCopies | None = None
-        self._calls = CallState()
-        self._quant: dict[str, Any] | None = None
-        self._train_graph: dict[str, Any] | None = None
-        self._graph_backend: Any = None
-        self._tracking: Any = None
+        # the parts, declared here (none is created behind the model's back), each usable alone:
+        self._inference: InferenceCopies | None = None  # the current master's inference copies (first use: _copies)
+        self._calls = CallState()  # call plans, staging buffers, frame sizes seen (libreyolo.engine.calls)
+        self._graphs = GraphState()  # graph backend, graphs kept, retired counters (libreyolo.engine.graph_state)
+        self._compilation = Compilation()  # compile(): the mode, its programs (libreyolo.engine.compile_state)
+        self._forward_graphs = ForwardGraphs(self._graphs, self._compilation, family)  # a runner per copy
+        self._quant = Quantization()  # quantize(): the simulated recipe (libreyolo.engine.quantized)
+        self._train_graph: dict[str, Any] | None = None  # the last train() run's graph use
+        self._tracking: Any = None  # the tracks of track(persist=True) (libreyolo.track.tracking.Tracking)
         if device is not None:
             self.to(device)
 
@@ -81,13 +79,13 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def __deepcopy__(self, memo: dict[int, Any]) -> Model:
         """``copy.deepcopy(model)``: its own master weights, settings and quantization state; inference
         copies, graphs, compiled programs and staging buffers are made again when the copy runs. A
-        graph backend set on the model is shared (it is a strategy, not state)."""
+        graph backend set on the model is shared (it is a strategy, not state: :class:`GraphState`)."""
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
             if key in self._RUNTIME_STATE:
                 continue
-            new.__dict__[key] = value if key == "_graph_backend" else copy.deepcopy(value, memo)
+            new.__dict__[key] = copy.deepcopy(value, memo)
         new._calls = CallState()  # and _inference: the class default (None) until the copy runs
         return new
 
@@ -150,12 +148,12 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
 
     # --- the call plan (libreyolo.engine.plan) -----------------------------------------------
     def _plan_state(self) -> tuple:
-        return (*super()._plan_state(), self._half, self._compile)
+        return (*super()._plan_state(), self._half, self._compilation.mode)
 
     def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
         if graph:
             return self._graph_executor(device)
-        return EAGER if self._compile is False else COMPILED_EXECUTOR
+        return COMPILED_EXECUTOR if self._compilation.on else EAGER
 
     def _execute(self, batch: torch.Tensor, plan: CallPlan) -> dict[str, torch.Tensor]:
         """The plan's executor on the inference copy for ``batch``'s device and dtype."""
@@ -163,7 +161,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
         with copy.kernels().active():  # kernel slots resolved once per copy, not per layer call
             if plan.graphed:  # the forward graph (also where a pipeline capture failed for this input)
                 with torch.inference_mode():
-                    return self._graph_runner(copy)(batch, plan.graph)
+                    return self._forward_graphs.runner(copy)(batch, plan.graph)
             compiled = self._compiled(copy) if plan.executor == COMPILED_EXECUTOR else None
             with torch.inference_mode():
                 if compiled is not None:
@@ -230,7 +228,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
         copies = self._copies()
         live = []
         for c in copies.live():
-            runners = [r for r in (c.attachment(n) for n in RUNNERS) if r is not None]
+            runners = ForwardGraphs.runners([c])
             live.append({**c.describe(), "graphs": sum(len(r.info()["graphs"]) for r in runners)})
         return {"options": dict(self._inference_opts), "default_dtype": str(self._default_dtype()).replace(
             "torch.", ""), "copies": live, "builds": copies.builds}
@@ -240,21 +238,8 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
 
     def _note_retired(self, reason: str, retired: list[InferenceCopy]) -> None:
         """Copies were dropped: their graphs and compiled programs go with them; keep the counters cumulative."""
-        had_graphs = False
-        for c in retired:
-            if c.attachment(COMPILED) is not None or c.attachment(COMPILED_IN_GRAPH) is not None:
-                self._compile_totals["retired"] += 1
-                self._compile_totals["last_retired"] = reason
-            for runner in (c.attachment(n) for n in RUNNERS):
-                if runner is None:
-                    continue
-                info = runner.info()
-                had_graphs |= bool(info["graphs"] or info["failures"] or info["pending"])
-                for k in ("captures", "evictions", "invalidations"):
-                    self._graph_totals[k] += info[k]
-        if had_graphs:
-            self._graph_totals["invalidations"] += 1
-            self._graph_totals["last_invalidation"] = reason
+        self._compilation.retire(retired, reason)
+        self._graphs.retire(ForwardGraphs.runners(retired), reason)
 
     # --- torch.compile of the inference copies (libreyolo.engine.compiled, docs/inference.md) ---
     def compile(self, mode: bool | str = True) -> Model:  # noqa: A003 - the name torch users know
@@ -269,48 +254,19 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
         shows the state. ``predict(cuda_graph=True)`` captures the network compiled in the mode's
         counterpart without Inductor's CUDA graphs inside our graphs (docs/inference.md).
         """
-        from libreyolo.engine.options import COMPILE_OPTION
-
-        mode = COMPILE_OPTION.check("compile", mode)
-        if mode != self._compile:
-            self._compile = mode
-            for c in self._copies().live():
-                for name in (COMPILED, GRAPHS_COMPILED, COMPILED_IN_GRAPH):
-                    c.detach(name)
+        self._compilation.set_mode(mode, self._copies().live())
         return self
 
     def _compiled(self, copy: InferenceCopy, *, in_graph: bool = False):
         """The copy's :class:`~libreyolo.engine.compiled.CompiledForward`, or None when compile is off;
         ``in_graph``: the one our CUDA graphs capture (a mode without Inductor's CUDA graphs)."""
-        if self._compile is False:
-            return None
-        from libreyolo.engine.compiled import CompiledForward, in_graph_mode, resolve_mode
-
-        mode = resolve_mode(self._compile, copy.key.device)
-        name = COMPILED_IN_GRAPH if in_graph else COMPILED
-        if in_graph:
-            mode = in_graph_mode(mode)
-        family, device = self.family, copy.key.device
-        found = copy.attached(name, lambda module: CompiledForward(module, family, device, mode))
-        if found.mode != mode:  # switched by compile() in another thread meanwhile
-            copy.detach(name)
-            found = copy.attached(name, lambda module: CompiledForward(module, family, device, mode))
-        return found
+        return self._compilation.program(copy, self.family, in_graph=in_graph)
 
     def compile_info(self) -> dict[str, Any]:
         """What :meth:`compile` does now: the requested mode, the rule for ``cuda_graph=True``, and per
         live inference copy its mode, whether it serves compiled, the shapes validated (with compile
         seconds and the worst ratio to the allowance), the fallback reason if any, and call counts."""
-        from libreyolo.engine.compiled import CUDA_GRAPH_RULE
-
-        copies = []
-        for c in self._copies().live():
-            for name, used_by in ((COMPILED, "predict(cuda_graph=False)"), (COMPILED_IN_GRAPH, "CUDA graphs")):
-                found = c.attachment(name)
-                if found is not None:
-                    copies.append({**c.key.describe(), "used_by": used_by, **found.info()})
-        return {"mode": self._compile, "cuda_graph": CUDA_GRAPH_RULE, "copies": copies,
-                "retired": self._compile_totals["retired"], "last_retired": self._compile_totals["last_retired"]}
+        return self._compilation.info(self._copies().live())
 
     # --- forward and CUDA graphs (docs/graphs.md) ------------------------------------------
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
@@ -325,6 +281,96 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
                 return self.family.named_outputs(copy.module(batch))
         self._require_graph_support()
         return self._graph_forward(batch, cuda_graph)
+
+    def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
+        """Graph replay without the family check (the parity harness uses it to verify a family)."""
+        return self._forward_graphs.forward(self._copies().get(batch.device, batch.dtype), batch, mode)
+
+    def _graph_runner(self, copy: InferenceCopy | None = None) -> Any:
+        """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
+        model's device and precision): :meth:`ForwardGraphs.runner`."""
+        return self._forward_graphs.runner(self.inference_copy() if copy is None else copy)
+
+    def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
+        """(runner, network) of the whole-pipeline graph for ``batch`` (libreyolo.engine.pipeline)."""
+        runner = self._forward_graphs.runner(self._copies().get(batch.device, batch.dtype))
+        return runner, runner.fn
+
+    def graph_options(self, *, max_graphs: int | None = None) -> dict[str, Any]:
+        """Set graph options; returns the current ones. ``max_graphs``: graphs kept per inference copy
+        (device and precision; LRU, default 16)."""
+        return self._forward_graphs.options(self._copies().live(), max_graphs)
+
+    def capture_graph(self, imgsz: int | None = None, batch: int = 1, dtype: torch.dtype | None = None, *,
+                      frame_size: Any = None, color_format: str = "bgr", **options: Any) -> dict[str, Any]:
+        """Capture what ``predict(cuda_graph=True)`` replays for ``(batch, 3, imgsz, imgsz)`` now, so
+        the first request does not pay: the whole pipeline for the task's shape-fixing options
+        (detect: ``max_det``, ``max_nms``) where the family supports it (:meth:`pipeline_unavailable`),
+        else the network forward.
+
+        ``frame_size=(h, w)``: capture instead the graph that starts from ``batch`` uploaded 8-bit
+        frames of that size (arrays in ``color_format``, files, video frames) and letterboxes them
+        inside (docs/graphs.md); predict() then uses it from the first such batch.
+
+        ``dtype``: None is the model's precision (see :meth:`half`); ``torch.float16`` captures for
+        ``predict(half=True)`` on its float16 inference copy (the model is not converted). Returns
+        the graph's entry of :meth:`graph_info`.
+        """
+        return capture_graph(self, imgsz, batch, dtype, frame_size=frame_size, color_format=color_format, **options)
+
+    def graph_info(self) -> dict[str, Any]:
+        """Captured graphs, fallbacks, failures and counters; the schema is in docs/graphs.md.
+
+        Graphs of every inference copy (device and precision) are listed; the counters include
+        graphs dropped with copies that were retired because the weights changed.
+        """
+        head = self._graph_info_head()
+        return self._forward_graphs.info(self._copies().live(), head, self.inference_copy)
+
+    def release_graphs(self) -> None:
+        """Free every captured graph and its memory; recorded capture failures are forgotten too."""
+        self._forward_graphs.release(self._copies().live())
+
+    # --- quantization (libreyolo.engine.quantized, docs/quantization.md) -----------------------
+    def quantize(self, recipe: str = "int8", data: Any = None, samples: int = 256, method: str = "minmax",
+                 exclude: str | Sequence[str] | None = None) -> Model:
+        """Calibrate on ``samples`` images of ``data`` and switch to simulated ``recipe`` numerics.
+
+        ``recipe``: ``int8`` or ``fp8``. ``method``: ``minmax``, ``percentile`` or ``entropy``
+        (:mod:`libreyolo.quant.calibrate`). ``exclude``: module-name globs kept in float, on top
+        of the family's ``quant_exclude``. A quantized model is calibrated again from float.
+        Returns the model.
+        """
+        self._quant.quantize(self.net, self._copies(), self._calibration_batches,
+                             family_exclude=tuple(self.family.quant_exclude), recipe=recipe, data=data,
+                             samples=samples, method=method, exclude=exclude)
+        return self
+
+    def dequantize(self) -> Model:
+        """Back to the float model, exactly as before :meth:`quantize`. Returns the model."""
+        self._quant.dequantize(self.net, self._copies())
+        return self
+
+    @property
+    def is_quantized(self) -> bool:
+        return self._quant.active
+
+    def quant_info(self) -> dict[str, Any] | None:
+        """recipe, method, samples, the quantized layer names and count, the excluded names with
+        the reason, and notes; None for a float model."""
+        return self._quant.info(self.net)
+
+    def _quant_entry(self) -> dict[str, Any] | None:
+        """The checkpoint's ``quantization`` entry (None: float); what export writes for a quantized model."""
+        return self._quant.entry(self.net)
+
+    def _restore_quantization(self, entry: Any, where: str) -> None:
+        """Quantize as a checkpoint's ``quantization`` entry says (``where`` names it in errors)."""
+        self._quant.restore(self.net, self._copies(), entry, where)
+
+    def _calibration_batches(self, files: list) -> Iterator[torch.Tensor]:
+        """The calibration images, preprocessed exactly as predict() does at ``imgsz`` (float32)."""
+        return calibration_batches(self._preprocessor(self.imgsz), self.device, files)
 
     # --- weights -----------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> Model:
@@ -352,7 +398,7 @@ class Model(Quantizable, ModelGraphs, PipelineGraphs, Predictor):
     def save(self, path: str | Path) -> str:
         """Write a reference-format (schema 1.0) checkpoint atomically. A quantized model's float
         weights go under the usual keys, its scales in a ``quantization`` entry (docs/quantization.md)."""
-        entry = self._quant_entry()
+        entry = self._quant.entry(self.net)
         return str(save_checkpoint(path, self.net, family=self.family, size=self.size, nc=self.nc,
                                    names=self.names, imgsz=self.imgsz,
                                    extra=None if entry is None else {"quantization": entry}))

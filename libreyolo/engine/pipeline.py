@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from libreyolo.engine.graph_state import GraphState
 from libreyolo.engine.plan import GRAPHED, PIPELINE, CallPlan
 from libreyolo.utils.log import LOGGER
 
@@ -32,22 +33,20 @@ _SIGHT_LOCK = threading.Lock()
 class PipelineGraphs:
     """``_infer_start`` as one graph replay where the family and device allow it (a mixin of :class:`Predictor`)."""
 
-    _graph_backend: Any = None  # None: real CUDA graphs (see set_graph_backend)
+    _graphs: GraphState  # the predictor's graph part: backend, graphs kept, counters (made by its __init__)
 
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Network]:
         """(graph runner, network callable) for ``batch``'s device and dtype."""
         raise NotImplementedError
 
     def _active_graph_backend(self) -> Any:
-        from libreyolo.graphs import CudaGraphBackend
-
-        return self._graph_backend or CudaGraphBackend()
+        return self._graphs.active_backend()
 
     def set_graph_backend(self, backend: Any) -> None:
         """Capture and replay graphs through ``backend`` (the parity harness, CPU tests:
         :class:`~libreyolo.graphs.EmulatedGraphBackend`); None: real CUDA graphs. Set it before the
         first graphed call: runners made before keep the backend they were made with."""
-        self._graph_backend = backend
+        self._graphs.set_backend(backend)
 
     def _require_graph_support(self) -> None:
         if not self.family.SUPPORTS_CUDA_GRAPH:

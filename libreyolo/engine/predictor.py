@@ -2,13 +2,13 @@
 
 Eager models, CUDA-graph replay and every artifact runtime subclass :class:`Predictor` and
 provide only ``_forward`` (a batch tensor in, the family's named outputs out), so
-preprocessing, decoding and NMS exist once.
+preprocessing, decoding and NMS exist once. Here: the options checked into a call plan and one batch
+started; the batch loop is :mod:`libreyolo.engine.batches`, what a call keeps and measures
+:mod:`libreyolo.engine.calls`.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -17,48 +17,16 @@ import torch
 
 from libreyolo.data.sources import SourceImage, Sources, open_sources
 from libreyolo.data.video import NETWORK_TIMEOUT_S
-from libreyolo.engine.plan import EAGER, CallPlan, PlanCache, freeze
-from libreyolo.engine.stream import (
-    Feeder,
-    StagedBatch,
-    StagingPool,
-    resolve_workers,
-    side_stream,
-    stage,
-    staging_wanted,
-)
-from libreyolo.errors import ArgumentError, ImageError
+from libreyolo.engine.batches import stream_results
+from libreyolo.engine.calls import CallState, StageClock
+from libreyolo.engine.plan import EAGER, CallPlan, freeze
+from libreyolo.engine.stream import StagedBatch, StagingPool, resolve_workers, side_stream, stage, staging_wanted
+from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
 from libreyolo.results import Results, make_results
 from libreyolo.utils.checks import check_forward_memory, resolve_device
 from libreyolo.utils.checks import check_stride_imgsz as check_imgsz  # noqa: F401 - its old home
-from libreyolo.utils.log import LOGGER, want_info
-
-
-class CallState:
-    """What a predictor keeps between calls in order to run them (a part of the model, testable alone):
-    its call plans (:class:`~libreyolo.engine.plan.PlanCache`), its pinned staging buffers (made on
-    first use: pinned memory is allocated only where a CUDA upload needs it) and the frame sizes
-    seen (a size's letterbox goes inside the pipeline graph from its ``FRAMES_AFTER``-th batch).
-    A copy of a model starts with its own, empty."""
-
-    def __init__(self) -> None:
-        self.plans = PlanCache()
-        self.frame_sightings: OrderedDict[tuple, int] = OrderedDict()
-        self._staging: StagingPool | None = None
-        self._lock = threading.Lock()
-
-    def staging(self) -> StagingPool:
-        pool = self._staging
-        if pool is None:
-            with self._lock:
-                if self._staging is None:
-                    self._staging = StagingPool()
-                pool = self._staging
-        return pool
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> CallState:
-        return CallState()
+from libreyolo.utils.log import want_info
 
 
 class Predictor:
@@ -71,6 +39,7 @@ class Predictor:
     default_batch: int = 16  # images decoded and run at once when predict() is given no ``batch``
     _calls: CallState  # plans, staging buffers (made by the subclass's __init__)
     _tracking: Any = None  # the tracks that track(persist=True) keeps (libreyolo.track.tracking.Tracking)
+    _graphs: Any = None  # a predictor that replays graphs declares its GraphState (libreyolo.engine.graph_state)
 
     # --- to implement --------------------------------------------------------------------
     @property
@@ -130,7 +99,8 @@ class Predictor:
     def _plan_state(self) -> tuple:
         """The model's own settings that change a plan (part of the plan cache's key)."""
         family = self.family
-        return (self.device, self.imgsz, len(self.names), self.default_batch, getattr(self, "_graph_backend", None),
+        backend = None if self._graphs is None else self._graphs.backend
+        return (self.device, self.imgsz, len(self.names), self.default_batch, backend,
                 getattr(family, "SUPPORTS_CUDA_GRAPH", None), getattr(family, "SUPPORTS_PIPELINE_GRAPH", None))
 
     def _infer_frames_start(self, frames: tuple[torch.Tensor, bool], clock: StageClock,
@@ -360,7 +330,8 @@ class Predictor:
         workers = 0 if sources.single or sources.on_device else resolve_workers(given["workers"], run_device)
         if given["decode"] == "cuda" and given["workers"] is None:
             workers = 0  # measured fastest with nvJPEG on the H200 (1,863 images/s; 4 threads 1,688, 8 threads 1,406)
-        run = self._stream(sources, plan, progress=progress, verbose=verbose, keep_pixels=stream, workers=workers)
+        run = stream_results(sources, plan, self._start_chunk, self._staging_pool, progress=progress, verbose=verbose,
+                             keep_pixels=stream, workers=workers)
         if wrap is not None:
             run = wrap(run, sources)
         if given["save"]:
@@ -416,93 +387,6 @@ class Predictor:
         pool = self._staging_pool() if staging_wanted(run_device) and not sources.on_device else None
         staged = None if pool is None else stage(chunk, run_device, pool, side_stream(run_device))
         return self._start_chunk(chunk, t0, plan, staged=staged)
-
-    def _stream(self, sources: Sources, plan: CallPlan, *, progress: bool | None, verbose: bool, keep_pixels: bool,
-                workers: int = 0) -> Iterator[Results]:
-        """Results batch by batch: decode ``plan.batch`` images, run them, hand them out, forget them.
-
-        Without ``keep_pixels`` a result read from a file keeps its path, not its pixels
-        (:meth:`Results.orig_rgb` reads the file again), so a list of results stays small.
-        ``workers`` > 0 runs the streaming pipeline (:meth:`_pipelined`), else one batch at a time.
-        """
-        total, step = sources.total, plan.batch
-        long_run = total is None or total > step
-        bar = _progress_bar(total, show=long_run if progress is None else progress, auto=progress is None,
-                            unit="frame" if sources.video is not None else "img")
-        produced = seen_skips = 0
-        batches = self._pipelined(sources, plan, workers) if workers > 0 else self._one_by_one(sources, plan)
-        try:
-            for chunk, results, skipped in batches:
-                if not keep_pixels:
-                    for img, r in zip(chunk, results, strict=True):
-                        if img.from_file:
-                            r.release_image()
-                produced += len(results)
-                if bar is not None:
-                    bar.update(len(chunk) + skipped - seen_skips)
-                    seen_skips = skipped
-                if verbose:
-                    for r in results:
-                        LOGGER.info("%s: %s, %s", r.path or "image", r.verbose(),
-                                    ", ".join(f"{k} {v:.1f} ms" for k, v in r.speed.items()))
-                del chunk
-                yield from results
-            if bar is not None and total is not None:
-                bar.update(total - bar.n)  # files skipped after the last batch
-        finally:
-            batches.close()
-            if bar is not None:
-                bar.close()
-        if sources.skipped:
-            if not produced:
-                seen = total if total is not None else len(sources.skipped)
-                raise ImageError(f"none of the {seen} images could be read; first: {sources.skipped[0][1]}")
-            LOGGER.warning("skipped %d of %d images that could not be read", len(sources.skipped),
-                           total if total is not None else produced + len(sources.skipped))
-
-    def _one_by_one(self, sources: Sources, plan: CallPlan) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
-        """(images, results, files skipped so far) per batch: decoded, run and read back in turn.
-
-        On CUDA the 8-bit images of a batch are uploaded as the streaming pipeline does (one pinned
-        staging buffer, one copy on a side stream: :func:`libreyolo.engine.stream.stage`), in this
-        thread. A copy from pageable memory would first wait for all work queued on the device,
-        so two threads predicting at once (a :class:`~libreyolo.serve.Batcher` with ``in_flight``
-        2) could never overlap one's upload with the other's forward."""
-        device = plan.device
-        pool = self._staging_pool() if staging_wanted(device) and not sources.on_device else None
-        t0 = time.perf_counter()
-        for chunk in sources.batches(plan.batch, skip_unreadable=not sources.single):
-            staged = None if pool is None else stage(chunk, device, pool, side_stream(device))
-            results = self._predict_chunk(chunk, t0, plan, staged=staged)
-            yield chunk, results, len(sources.skipped)
-            t0 = time.perf_counter()  # the caller's time between batches is not ours
-
-    def _pipelined(self, sources: Sources, plan: CallPlan,
-                   workers: int) -> Iterator[tuple[list[SourceImage], list[Results], int]]:
-        """:meth:`_one_by_one`'s batches from the streaming pipeline (:mod:`libreyolo.engine.stream`):
-        decoded on ``workers`` threads and staged by a :class:`~libreyolo.engine.stream.Feeder`, and
-        batch *i + 1* enqueued before batch *i* is read back. An error of the source is raised after
-        the batches before it are handed out, as on the plain path."""
-        device = plan.device
-        pool = self._staging_pool() if staging_wanted(device) else None
-        with Feeder(sources, plan.batch, skip_unreadable=True, workers=workers, device=device, pool=pool) as feeder:
-            pending = None
-            failure: Exception | None = None
-            t0 = time.perf_counter()
-            try:
-                for fed in feeder:
-                    finish = self._start_chunk(fed.chunk, t0, plan, staged=fed.staged)
-                    if pending is not None:
-                        yield pending[0].chunk, pending[1](), pending[0].skipped
-                        feeder.done()
-                    pending = (fed, finish)
-                    t0 = time.perf_counter()
-            except Exception as exc:  # hand out what was already enqueued first
-                failure = exc
-            if pending is not None:
-                yield pending[0].chunk, pending[1](), pending[0].skipped
-            if failure is not None:
-                raise failure
 
     def _staging_pool(self) -> StagingPool:
         """This predictor's pinned staging buffers (made on first use, kept across calls)."""
@@ -561,56 +445,3 @@ def _device_decoding(device: torch.device) -> torch.device:
                             f'{device}; pass device="cuda" or decode="cpu"')
     device_decoder()  # raises, naming the extra, when torchvision is missing or unusable
     return device
-
-
-class StageClock:
-    """Per-image ``preprocess`` / ``inference`` / ``postprocess`` times of one batch, honestly.
-
-    Device work is asynchronous and the pipeline synchronises once, when postprocessing reads
-    its results back, so host timestamps alone would charge the network's device time to
-    postprocessing. On CUDA each boundary (:meth:`mark`) also records an event on the current
-    stream; :meth:`speed` (called after the results are back, so it waits for nothing) gives
-    ``inference`` and ``postprocess`` as device time between the events, and ``preprocess`` as
-    the rest of the wall time since ``t0`` (decoding, upload, letterbox, reading back). Elsewhere
-    the three are host time. With a whole-pipeline CUDA graph, the network and on-device
-    postprocessing are one replay, counted as ``inference``; ``postprocess`` is then about 0.
-    When the streaming pipeline overlaps batches, the wall-time share is approximate (the host
-    enqueues one batch while another runs); the device times are the batch's own.
-    """
-
-    def __init__(self, device: torch.device, t0: float) -> None:
-        self.t0 = t0
-        self.cuda = device.type == "cuda"  # (no is_available(): 0.14 ms a call on the H200's host, per batch)
-        self.marks: list[tuple[float, Any]] = []
-
-    def mark(self) -> None:
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-        self.marks.append((time.perf_counter(), event))
-
-    def speed(self, n: int, read_s: float = 0.0) -> dict[str, float]:
-        """Per-image times once the batch is read back; ``read_s``: host seconds the read-back took
-        (the marks are: preprocessing, network, postprocessing enqueued)."""
-        (t1, e1), (t2, e2), (t3, e3) = self.marks[-3:]
-        if self.cuda:
-            e3.synchronize()  # complete, or nearly: the results were read back
-            inference, post = e1.elapsed_time(e2), e2.elapsed_time(e3)
-            pre = max(0.0, (t3 - self.t0 + read_s) * 1e3 - inference - post)
-        else:
-            pre, inference, post = (t1 - self.t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2 + read_s) * 1e3
-        return {"preprocess": pre / n, "inference": inference / n, "postprocess": post / n}
-
-
-def _progress_bar(total: int | None, *, show: bool, auto: bool, unit: str = "img") -> Any:
-    """A tqdm bar on stderr over ``total`` images or frames (None: a count and a rate only), or None.
-    ``auto``: only on a terminal."""
-    if not show:
-        return None
-    import sys
-
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit=unit, desc="predict", file=sys.stderr, disable=None if auto else False,
-                dynamic_ncols=True)

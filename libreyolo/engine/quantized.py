@@ -1,4 +1,5 @@
-"""``quantize()`` / ``dequantize()`` / ``quant_info()`` of the eager model (docs/quantization.md).
+"""The quantization part of the eager model (docs/quantization.md): :class:`Quantization`, behind the
+model's ``quantize()`` / ``dequantize()`` / ``quant_info()`` and its quantized checkpoints.
 
 Quantization is simulated: the master network's Conv2d/Linear layers fake-quantize their inputs
 and weights (:mod:`libreyolo.quant.simulate`), so ``predict()`` shows INT8/FP8 numerics in
@@ -7,10 +8,11 @@ change does.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from libreyolo.errors import ArgumentError
 from libreyolo.quant import simulate
@@ -31,20 +33,26 @@ def _patterns(exclude: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
-class Quantizable:
-    """Mixed into :class:`libreyolo.engine.model.Model`."""
+class Quantization:
+    """The simulated-quantization state of one model (a part of :class:`~libreyolo.engine.model.Model`,
+    usable alone): the recipe, method, sample count and excluded layers of the last calibration, or
+    None for a float model. The switches act on the master network given to them and retire its
+    inference copies (``copies``: :class:`~libreyolo.engine.inference.InferenceCopies`), as a weight
+    change does."""
 
-    _quant: dict[str, Any] | None = None  # recipe, method, samples, excluded layers; None: float
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None  # recipe, method, samples, excluded layers; None: float
 
-    def quantize(self, recipe: str = "int8", data: Any = None, samples: int = 256, method: str = "minmax",
-                 exclude: str | Sequence[str] | None = None) -> Any:
-        """Calibrate on ``samples`` images of ``data`` and switch to simulated ``recipe`` numerics.
+    @property
+    def active(self) -> bool:
+        return self.state is not None
 
-        ``recipe``: ``int8`` or ``fp8``. ``method``: ``minmax``, ``percentile`` or ``entropy``
-        (:mod:`libreyolo.quant.calibrate`). ``exclude``: module-name globs kept in float, on top
-        of the family's ``quant_exclude``. A quantized model is calibrated again from float.
-        Returns the model.
-        """
+    def quantize(self, net: nn.Module, copies: Any, batches: Callable[[list], Iterator[torch.Tensor]], *,
+                 family_exclude: Sequence[str] = (), recipe: str = "int8", data: Any = None, samples: int = 256,
+                 method: str = "minmax", exclude: str | Sequence[str] | None = None) -> None:
+        """Calibrate ``net`` on ``samples`` images of ``data`` (``batches(files)``: them preprocessed)
+        and switch its Conv2d/Linear layers to simulated ``recipe`` numerics; ``family_exclude`` and
+        ``exclude``: module-name globs kept in float. A quantized network is calibrated again from float."""
         opts = {k: QUANT_OPTIONS[k].check(k, v) for k, v in
                 (("recipe", recipe), ("data", data), ("samples", samples), ("method", method))}
         patterns = _patterns(exclude)
@@ -53,13 +61,12 @@ class Quantizable:
         if len(files) < opts["samples"]:
             LOGGER.warning("quantize: %s has %d images, fewer than samples=%d; calibrating on all of them",
                            origin, len(files), opts["samples"])
-        copies = self._copies()
         with copies.mutating():
-            if simulate.remove(self.net):  # calibrate again from the float model
-                self._quant = None
+            if simulate.remove(net):  # calibrate again from the float model
+                self.state = None
                 copies.invalidate("dequantized (quantize() called again)")
-            layers, excluded = simulate.select_layers(self.net, tuple(self.family.quant_exclude), patterns)
-            ranges = collect_ranges(self.net, layers, lambda: self._calibration_batches(files), opts["method"])
+            layers, excluded = simulate.select_layers(net, tuple(family_exclude), patterns)
+            ranges = collect_ranges(net, layers, lambda: batches(files), opts["method"])
             for name in layers:
                 if name not in ranges:
                     excluded[name] = "not reached by the forward during calibration"
@@ -67,50 +74,44 @@ class Quantizable:
                 if name in ranges:
                     simulate.apply(module, opts["recipe"], simulate.input_quant(*ranges[name], opts["recipe"]),
                                    simulate.weight_scale(module.weight, opts["recipe"]))
-            self._quant = {"recipe": opts["recipe"], "method": opts["method"], "samples": len(files),
-                           "excluded": excluded}
+            self.state = {"recipe": opts["recipe"], "method": opts["method"], "samples": len(files),
+                          "excluded": excluded}
             copies.invalidate(f"quantized ({opts['recipe']}, {opts['method']})")
-        return self
 
-    def dequantize(self) -> Any:
-        """Back to the float model, exactly as before :meth:`quantize`. Returns the model."""
-        copies = self._copies()
+    def dequantize(self, net: nn.Module, copies: Any) -> None:
+        """``net`` back to float, exactly as before :meth:`quantize`."""
         with copies.mutating():
-            if simulate.remove(self.net):
+            if simulate.remove(net):
                 copies.invalidate("dequantized")
-            self._quant = None
-        return self
+            self.state = None
 
-    @property
-    def is_quantized(self) -> bool:
-        return self._quant is not None
-
-    def quant_info(self) -> dict[str, Any] | None:
+    def info(self, net: nn.Module) -> dict[str, Any] | None:
         """recipe, method, samples, the quantized layer names and count, the excluded names with
         the reason, and notes; None for a float model."""
-        q = self._quant
+        q = self.state
         if q is None:
             return None
-        names = list(simulate.simulated_layers(self.net))
+        names = list(simulate.simulated_layers(net))
         return {"recipe": q["recipe"], "method": q["method"], "samples": q["samples"], "layers": names,
                 "count": len(names), "excluded": dict(q["excluded"]), "notes": [ATTENTION_NOTE]}
 
-    def _quant_entry(self) -> dict[str, Any] | None:
-        q = self._quant
-        return None if q is None else simulate.to_entry(self.net, q)
+    def entry(self, net: nn.Module) -> dict[str, Any] | None:
+        """The checkpoint's ``quantization`` entry (None for a float model)."""
+        q = self.state
+        return None if q is None else simulate.to_entry(net, q)
 
-    def _restore_quantization(self, entry: Any, where: str) -> None:
-        copies = self._copies()
+    def restore(self, net: nn.Module, copies: Any, entry: Any, where: str) -> None:
+        """Quantize ``net`` as a checkpoint's ``quantization`` entry says (checked: ``where`` names it)."""
         with copies.mutating():
-            self._quant = simulate.from_entry(self.net, entry, where)
+            self.state = simulate.from_entry(net, entry, where)
             copies.invalidate("quantized (loaded from the checkpoint)")
 
-    def _calibration_batches(self, files: list) -> Iterator[torch.Tensor]:
-        """The calibration images, preprocessed exactly as predict() does at ``imgsz`` (float32)."""
-        from libreyolo.data.sources import load_sources
 
-        pre = self._preprocessor(self.imgsz)
-        for i in range(0, len(files), CALIB_BATCH):
-            images = load_sources([str(f) for f in files[i:i + CALIB_BATCH]])
-            batch, _ = pre([img.to_device(self.device) for img in images], dtype=torch.float32)
-            yield batch
+def calibration_batches(pre: Any, device: torch.device, files: list) -> Iterator[torch.Tensor]:
+    """The calibration images, preprocessed by ``pre`` (predict()'s letterbox at the model's imgsz) in float32."""
+    from libreyolo.data.sources import load_sources
+
+    for i in range(0, len(files), CALIB_BATCH):
+        images = load_sources([str(f) for f in files[i:i + CALIB_BATCH]])
+        batch, _ = pre([img.to_device(device) for img in images], dtype=torch.float32)
+        yield batch

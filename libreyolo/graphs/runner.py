@@ -123,7 +123,7 @@ class GraphRunner:
         self.fn = fn
         self.forward = GraphProgram("forward", fn)
         self.backend: GraphBackend = backend if backend is not None else CudaGraphBackend()
-        self._max_graphs = _check_max_graphs(max_graphs)
+        self._max_graphs = check_max_graphs(max_graphs)
         self._watch = WeightWatch(module)
         self._lock = threading.Lock()          # key table, LRU, counters
         self._replay_lock = threading.Lock()   # replay + copy-out of any graph sharing the pool
@@ -145,7 +145,7 @@ class GraphRunner:
         return self._max_graphs
 
     def set_max_graphs(self, value: int) -> None:
-        value = _check_max_graphs(value)
+        value = check_max_graphs(value)
         with self._lock:
             self._max_graphs = value
             self._evict_over_limit()
@@ -401,7 +401,7 @@ class _Packer:
         return self.layout.pack(outputs)
 
 
-def _check_max_graphs(value: Any) -> int:
+def check_max_graphs(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ArgumentError(f"max_graphs must be a positive integer, got {value!r}")
     return value

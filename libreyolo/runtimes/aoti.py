@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from libreyolo.engine.graph_state import GraphState
 from libreyolo.engine.pipeline import PipelineGraphs
 from libreyolo.engine.plan import RUNTIME
 from libreyolo.errors import ArgumentError, CheckpointError
@@ -59,6 +60,7 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         self._graphable = graphable  # loaded single-threaded on CUDA: a stream capture can hold a call
         self._runner: Any = None
         self._runner_lock = threading.Lock()
+        self._graphs = GraphState()  # the graph backend (set_graph_backend) and graphs kept
 
     @property
     def device(self) -> torch.device:
@@ -89,12 +91,9 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
     def _graph_runner(self):
         from torch import nn
 
-        from libreyolo.graphs import GraphRunner
-
         with self._runner_lock:
             if self._runner is None:  # a package has no weights to watch: an empty module stands for it
-                self._runner = GraphRunner(nn.Module(), self._network,
-                                           backend=self._graph_backend)
+                self._runner = self._graphs.new_runner(nn.Module(), self._network)
             return self._runner
 
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:

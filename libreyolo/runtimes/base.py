@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from libreyolo.engine.calls import CallState
 from libreyolo.engine.plan import RUNTIME
-from libreyolo.engine.predictor import CallState, Predictor
+from libreyolo.engine.predictor import Predictor
 from libreyolo.errors import ArgumentError, CheckpointError, LibreYOLOError
 from libreyolo.models.base import Family
 from libreyolo.models.registry import get_family
