@@ -75,6 +75,11 @@ class ExportContract:
     # top-k keeps (DETR's encoder score head): near-ties at the edge of that selection let another
     # float32 program keep another candidate in the last rows (libreyolo.comparison.selection); None: no selection
     selection: str | None = None
+    # "module:attribute" of the network cut at that selection (head program -> the selection on the host ->
+    # tail program, e.g. libreyolo.models.rtdetr.split:SPLIT): formats that have no top-k/gather (NCNN,
+    # Format.selection_on_host) export the two programs and run the eager model's own selection between
+    # them; None with a selection: such formats refuse the family
+    host_selection: str | None = None
     # the largest rank (batch axis included) of a tensor the traced forward builds: 4 for
     # convolutional networks, 5 for attention that splits q/k/v along a new axis, 6 for window
     # attention and deformable sampling; a format whose tensors hold fewer axes
