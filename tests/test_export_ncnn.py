@@ -139,40 +139,49 @@ def test_mutated_ncnn_artifact_is_refused(ncnn_export, family, tmp_path):
 
 
 def test_rtdetr_split_runs_the_eager_selection_between_its_programs(ncnn_export, monkeypatch):
-    """The host step is the eager model's select_queries (patched: the runtime calls it with the
-    recorded num_queries), and the decoder program sees exactly what it selected."""
-    from libreyolo.models.rtdetr import decoder
+    """The host step is the eager model's own select_queries (the same function object), called by the
+    runtime once per batch with the recorded num_queries."""
+    from libreyolo.models.rtdetr import decoder, split
 
+    assert split.select_queries is decoder.select_queries
     runtime = LibreYOLO(ncnn_export("rtdetr").path)
     calls = []
-    real = decoder.select_queries
-    monkeypatch.setattr(decoder, "select_queries", lambda *a: calls.append(a[3]) or real(*a))
+    monkeypatch.setattr(split, "select_queries", lambda *a: calls.append(a[3]) or decoder.select_queries(*a))
     model, imgsz = family_model("rtdetr")
     runtime.predict(torch.rand(imgsz, imgsz, 3).mul(255).byte().numpy(), conf=0.5)
-    assert calls == [model.net.decoder.num_queries]
+    assert calls == [model.net.decoder.num_queries] == [300]
 
 
-@pytest.mark.parametrize("part", ["decoder.ncnn.bin", "split.json"])
-def test_mutated_rtdetr_split_is_refused(ncnn_export, part, tmp_path):
-    """Mutations of the split's other parts: the decoder program's last weights x1.05, or split.json keeping
-    200 of the 300 queries. The hash refuses both on load; loaded anyway (verify=False), validation fails
-    (200 queries: a shape the contract does not allow, refused on load)."""
+def test_mutated_rtdetr_decoder_program_is_refused(ncnn_export, tmp_path):
+    """Mutation of the split's second program: the last 5% of decoder.ncnn.bin (the decoder's last
+    weights) x1.05. The hash refuses it on load; loaded anyway (verify=False), validation refuses it."""
     report = ncnn_export("rtdetr")
-    bad = copy_artifact(report.path, tmp_path / "bad_split_ncnn_model")
-    if part == "split.json":
-        split = json.loads((bad / part).read_text())
-        split["params"]["num_queries"] = 200
-        (bad / part).write_text(json.dumps(split))
-    else:
-        scale_tail_floats(bad / part)
+    bad = copy_artifact(report.path, tmp_path / "bad_decoder_ncnn_model")
+    scale_tail_floats(bad / "decoder.ncnn.bin")
     with pytest.raises(CheckpointError, match="model bytes do not match"):
         LibreYOLO(bad)
     model, _ = family_model("rtdetr")
-    if part == "split.json":
-        with pytest.raises(CheckpointError, match="200"):
-            LibreYOLO(bad, verify=False)
-    else:
-        assert compare(model, LibreYOLO(bad, verify=False)).status == "failed"
+    assert compare(model, LibreYOLO(bad, verify=False)).status == "failed"
+
+
+def test_edited_rtdetr_split_file_is_refused(ncnn_export, tmp_path):
+    """split.json is sealed with the programs: keeping 200 of the 300 queries is refused by the hash; loaded
+    anyway (verify=False), the selection's shapes are checked against those the decoder program was
+    converted for; without the file, or with other blob names, the folder is refused whatever verify says."""
+    report = ncnn_export("rtdetr")
+    bad = copy_artifact(report.path, tmp_path / "bad_split_ncnn_model")
+    split = json.loads((bad / "split.json").read_text())
+    (bad / "split.json").write_text(json.dumps({**split, "params": {"num_queries": 200}}))
+    with pytest.raises(CheckpointError, match="model bytes do not match"):
+        LibreYOLO(bad)
+    with pytest.raises(CheckpointError, match=r"gave target of shape \(200, 256\) .* converted for \(300, 256\)"):
+        LibreYOLO(bad, verify=False)  # pnnx fixed the decoder at 300 queries: it gave 600 rows for 200 unchecked
+    (bad / "split.json").write_text(json.dumps({**split, "tail_inputs": ["memory", "target", "ref_unact"]}))
+    with pytest.raises(CheckpointError, match="family rtdetr now splits as"):
+        LibreYOLO(bad, verify=False)
+    (bad / "split.json").unlink()
+    with pytest.raises(CheckpointError, match="split.json is missing"):
+        LibreYOLO(bad, verify=False)
 
 
 def test_edited_ncnn_metadata_is_refused(ncnn_export, tmp_path):

@@ -131,7 +131,9 @@ def build_split(module: Any, example: torch.Tensor, path: Path, work: Path) -> N
     convert(_NamedOutputs(tail, module.family), tuple(tail_in[n].contiguous() for n in split.tail_inputs), path,
             TAIL_STEM, len(module.output_names()), work / "tail")
     write_split(path, {"programs": [MODEL_STEM, TAIL_STEM], "head_outputs": list(split.head_outputs),
-                       "tail_inputs": list(split.tail_inputs), "params": params})
+                       "tail_inputs": list(split.tail_inputs), "params": params,
+                       # pnnx fixes the decoder's shapes (e.g. the query count) at these: checked by the runtime
+                       "tail_shapes": [list(tail_in[n].shape[1:]) for n in split.tail_inputs]})
 
 
 class NcnnExporter(Exporter, format="ncnn"):

@@ -60,7 +60,7 @@ def read_split(folder: Path, family: Any) -> dict[str, Any] | None:
     split = json.loads(file.read_text())
     ops = host_selection(family.export)
     if (split.get("head_outputs") != list(ops.head_outputs) or split.get("tail_inputs") != list(ops.tail_inputs)
-            or len(split.get("programs", ())) != 2):
+            or len(split.get("programs", ())) != 2 or len(split.get("tail_shapes", ())) != len(ops.tail_inputs)):
         raise CheckpointError(f"{folder}: {SPLIT} describes programs {split.get('programs')} with head outputs "
                               f"{split.get('head_outputs')} and tail inputs {split.get('tail_inputs')}; family "
                               f"{family.name} now splits as {list(ops.head_outputs)} -> {list(ops.tail_inputs)}: "
@@ -121,6 +121,10 @@ class NcnnProgram:
         names = self.split["head_outputs"]
         head = dict(zip(names, run_net(self.nets[0], batch, len(names)), strict=True))
         tail = self.split["select"](head, **self.split["params"])
+        for name, shape in zip(self.split["tail_inputs"], self.split["tail_shapes"], strict=True):
+            if list(tail[name].shape[1:]) != shape:  # the decoder program holds these shapes as constants
+                raise RuntimeError(f"the host selection gave {name} of shape {tuple(tail[name].shape[1:])} (no batch "
+                                   f"axis), but the decoder program was converted for {tuple(shape)}")
         return run_net(self.nets[1], [tail[n] for n in self.split["tail_inputs"]], n_outputs)
 
 
