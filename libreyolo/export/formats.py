@@ -208,7 +208,8 @@ def capabilities(f: Format) -> list[str]:
     return [*(["dynamic batch" + (" and size" if f.dynamic_spatial else "")] if f.dynamic_batch else []),
             *([half[f.half]] if f.half in half else []), *([int8[f.int8]] if f.int8 in int8 else []),
             *(["NMS inside"] if f.embedded_nms else []), *(["end-to-end uint8 input"] if f.e2e_input else []),
-            *([f"tensors of rank <= {f.max_tensor_rank}"] if f.max_tensor_rank is not None else [])]
+            *([f"tensors of rank <= {f.max_tensor_rank}"] if f.max_tensor_rank is not None else []),
+            *(["DETR query selection on the host (families that declare the split)"] if f.selection_on_host else [])]
 
 
 def help_lines() -> list[str]:
