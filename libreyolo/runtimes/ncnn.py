@@ -61,7 +61,8 @@ def read_split(folder: Path, family: Any) -> dict[str, Any] | None:
     ops = host_selection(family.export)
     if (split.get("head_outputs") != list(ops.head_outputs) or split.get("tail_inputs") != list(ops.tail_inputs)
             or len(split.get("programs", ())) != 2 or len(split.get("tail_shapes", ())) != len(ops.tail_inputs)):
-        raise CheckpointError(f"{folder}: {SPLIT} describes programs {split.get('programs')} with head outputs "
+        raise CheckpointError(f"{folder}: {SPLIT} describes programs {split.get('programs')}, decoder input "
+                              f"shapes {split.get('tail_shapes')}, head outputs "
                               f"{split.get('head_outputs')} and tail inputs {split.get('tail_inputs')}; family "
                               f"{family.name} now splits as {list(ops.head_outputs)} -> {list(ops.tail_inputs)}: "
                               "re-export it with this version")
