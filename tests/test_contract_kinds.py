@@ -32,7 +32,8 @@ from libreyolo.models.registry import check_contract, families, register_family
 
 PACKAGE = Path(__file__).resolve().parents[1] / "libreyolo"
 SHARED = {f.name for f in dataclasses.fields(ExportContract)}
-KIND_FIELDS = {"row_sets", "max_moved_rows", "selection", "rows_follow_candidates", "nms_input", "nms_decoder", "nms_free"}
+KIND_FIELDS = {"row_sets", "max_moved_rows", "selection", "rows_follow_candidates", "host_selection",
+               "nms_input", "nms_decoder", "nms_free"}
 
 
 def own_fields(kind: type[ExportContract]) -> set[str]:
@@ -42,7 +43,8 @@ def own_fields(kind: type[ExportContract]) -> set[str]:
 def test_each_kind_adds_its_own_fields():
     assert not SHARED & KIND_FIELDS, "a kind's field sits in the shared contract"
     assert own_fields(DenseContract) == {"nms_input", "nms_decoder", "nms_free"}
-    assert own_fields(SetContract) == {"row_sets", "max_moved_rows", "selection", "rows_follow_candidates"}
+    assert own_fields(SetContract) == {"row_sets", "max_moved_rows", "selection", "rows_follow_candidates",
+                                       "host_selection"}
     assert own_fields(PixelContract) == own_fields(ImageContract) == set()
     assert len({k.kind for k in KINDS}) == len(KINDS) and "" not in {k.kind for k in KINDS}
 

@@ -1,17 +1,21 @@
 """NCNN export (pnnx -> <stem>_ncnn_model/) and its runtime (the ncnn package, fp32 options):
-for a YOLO, a classifier (vit) and SegFormer the artifact validates against eager with the
-float64-derived tolerances and predicts like eager through LibreYOLO(folder); a copy whose last
+for a YOLO, a DETR (rtdetr-r18), a classifier (vit) and SegFormer the artifact validates against eager
+with the float64-derived tolerances and predicts like eager through LibreYOLO(folder); a copy whose last
 weights were scaled by 5% is refused by its hash and, loaded with verify=False, by compare().
 A family whose network builds tensors of a rank NCNN cannot hold (Swin's window partition) is
 refused in one line before anything is built, and every family's declared rank is checked against
-its trace. RT-DETR's trace keeps to rank 4, but its query selection (torch.topk, torch.gather) has
-no NCNN layer: the export names those operators and fails (the check is tested on a param file)."""
+its trace. NCNN has no top-k or gather, which the DETR query selection needs: RT-DETR declares a split
+at it (SetContract.host_selection) and is exported as two programs with the eager model's own
+selection run on the host between them (its decoder program and split.json mutated below); the DETR families
+that declare no split are refused in one line before any work. An operator pnnx leaves unconverted is
+still found in the param file after conversion (tested on a param file)."""
 from __future__ import annotations
 
 import json
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("pnnx", reason="pnnx is not installed (pip install 'libreyolo[ncnn]')")
 pytest.importorskip("ncnn", reason="ncnn is not installed (pip install 'libreyolo[ncnn]')")
@@ -31,10 +35,10 @@ from tests.edge_formats import (  # noqa: E402
 
 _EXPORTS: dict = {}
 LIMIT = get_exporter("ncnn").max_tensor_rank
-# rank 4, but pnnx leaves the encoder's query selection (torch.topk, 2 torch.gather) unconverted (pnnx 20261020)
-NO_NCNN_LAYER = ("rtdetr",)
-CONVERTED = [f for f in FAMILIES if f not in NO_NCNN_LAYER and family_model(f)[0].family.export.tensor_rank <= LIMIT]
+CONVERTED = [f for f in FAMILIES if family_model(f)[0].family.export.tensor_rank <= LIMIT]
 REFUSED = ("swin",)  # window partition (B, H/w, w, W/w, w, C): rank 6
+# rank 4, a query selection (top-k + gather, no NCNN layer) and no split declared at it
+NO_SPLIT = ("dfine", "deim", "deimv2", "rtdetrv4", "rtdetrv2")
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +56,27 @@ def ncnn_export(tmp_path_factory):
 def test_the_yolo_classifier_and_segformer_convert_and_swin_is_refused():
     from libreyolo.models.registry import families
 
-    assert CONVERTED == ["yolo9", "vit", "segformer"]
-    assert all(families()[f].export.tensor_rank <= LIMIT for f in NO_NCNN_LAYER)
+    assert CONVERTED == ["yolo9", "rtdetr", "vit", "segformer"]
     assert all(families()[f].export.tensor_rank > LIMIT for f in REFUSED)
+    for name, fam in families().items():  # the refusal is declared: every rank-4 family with a selection and
+        if fam.export.tensor_rank <= LIMIT and fam.export.query_rows().selection \
+                and not fam.export.query_rows().host_selection:
+            assert name in NO_SPLIT, name  # no split is listed here (and refused by the test below)
+    assert families()["rtdetr"].export.query_rows().host_selection
+
+
+@pytest.mark.parametrize("family", NO_SPLIT[:1])
+def test_a_detr_family_without_a_split_at_its_selection_is_refused_before_any_work(family, tmp_path):
+    from libreyolo.engine.benchmark_formats import why_not_here
+    from libreyolo.models.registry import families
+
+    fam = families()[family]
+    model, imgsz = LibreYOLO(f"{fam.filename(fam.default_size)}.yaml"), 2 * fam.stride
+    with pytest.raises(ArgumentError, match=f"format=ncnn cannot convert family {family}: ncnn has no top-k or "
+                                            "gather for its query selection and the family declares no split"):
+        model.export(format="ncnn", imgsz=imgsz, output=tmp_path / "x_ncnn_model")
+    assert not list(tmp_path.iterdir())
+    assert "no top-k or gather" in why_not_here(model, "ncnn", imgsz=imgsz, batch=1, half=False)
 
 
 def test_an_operator_pnnx_left_unconverted_is_found_in_the_param_file(tmp_path):
@@ -93,7 +115,9 @@ def test_ncnn_artifact_validates_and_predicts_like_eager(ncnn_export, family):
     assert v.status == "passed", v.text()
     assert v.runtime.startswith("ncnn") and "fp32" in v.runtime
     assert v.worst()["worst_ratio"] <= 1.0
-    assert sorted(p.name for p in report.path.iterdir()) == ["metadata.json", "model.ncnn.bin", "model.ncnn.param"]
+    split = ["decoder.ncnn.bin", "decoder.ncnn.param"] if family == "rtdetr" else []
+    assert sorted(p.name for p in report.path.iterdir()) == sorted(
+        ["metadata.json", "model.ncnn.bin", "model.ncnn.param", *split, *(["split.json"] if split else [])])
     runtime = LibreYOLO(report.path)
     assert runtime.format == "ncnn" and runtime.metadata["family"] == family
     assert not any(getattr(runtime.net.opt, o) for o in ("use_fp16_storage", "use_fp16_packed",
@@ -104,15 +128,54 @@ def test_ncnn_artifact_validates_and_predicts_like_eager(ncnn_export, family):
 
 @pytest.mark.parametrize("family", CONVERTED)
 def test_mutated_ncnn_artifact_is_refused(ncnn_export, family, tmp_path):
-    """Mutation: the last 5% of model.ncnn.bin (the last layers' weights) scaled by 1.05. The hash refuses
-    it on load; loaded anyway (verify=False), the same validation as the export's refuses its outputs."""
+    """Mutation: the last 5% of the last program's weights (model.ncnn.bin; for a split artifact such as
+    rtdetr's, decoder.ncnn.bin) scaled by 1.05. The hash refuses it on load; loaded anyway (verify=False),
+    the same validation as the export's refuses its outputs. (rtdetr's model.ncnn.bin mutated the same
+    way, and one LayerNorm epsilon of decoder.ncnn.param, were refused both ways too: checked once, by hand.)"""
     report = ncnn_export(family)
     bad = copy_artifact(report.path, tmp_path / f"bad_{family}_ncnn_model")
-    scale_tail_floats(bad / "model.ncnn.bin")
+    split = report.path / "split.json"
+    last = json.loads(split.read_text())["programs"][-1] if split.is_file() else "model"
+    assert (last == "decoder") == (family == "rtdetr")
+    scale_tail_floats(bad / f"{last}.ncnn.bin")
     with pytest.raises(CheckpointError, match="model bytes do not match"):
         LibreYOLO(bad)
     model, _ = family_model(family)
     assert compare(model, LibreYOLO(bad, verify=False)).status == "failed"
+
+
+def test_rtdetr_split_runs_the_eager_selection_between_its_programs(ncnn_export, monkeypatch):
+    """The host step is the eager model's own select_queries (the same function object), called by the
+    runtime once per batch with the recorded num_queries."""
+    from libreyolo.models.rtdetr import decoder, split
+
+    assert split.select_queries is decoder.select_queries
+    runtime = LibreYOLO(ncnn_export("rtdetr").path)
+    calls = []
+    monkeypatch.setattr(split, "select_queries", lambda *a: calls.append(a[3]) or decoder.select_queries(*a))
+    model, imgsz = family_model("rtdetr")
+    runtime.predict(torch.rand(imgsz, imgsz, 3).mul(255).byte().numpy(), conf=0.5)
+    assert calls == [model.net.decoder.num_queries] == [300]
+
+
+def test_edited_rtdetr_split_file_is_refused(ncnn_export, tmp_path):
+    """split.json is sealed with the programs: keeping 200 of the 300 queries is refused by the hash; loaded
+    anyway (verify=False), the selection's shapes are checked against those the decoder program was
+    converted for; without the file, or with other blob names, the folder is refused whatever verify says."""
+    report = ncnn_export("rtdetr")
+    bad = copy_artifact(report.path, tmp_path / "bad_split_ncnn_model")
+    split = json.loads((bad / "split.json").read_text())
+    (bad / "split.json").write_text(json.dumps({**split, "params": {"num_queries": 200}}))
+    with pytest.raises(CheckpointError, match="model bytes do not match"):
+        LibreYOLO(bad)
+    with pytest.raises(CheckpointError, match=r"gave target of shape \(200, 256\) .* converted for \(300, 256\)"):
+        LibreYOLO(bad, verify=False)  # pnnx fixed the decoder at 300 queries: it gave 600 rows for 200 unchecked
+    (bad / "split.json").write_text(json.dumps({**split, "tail_inputs": ["memory", "target", "ref_unact"]}))
+    with pytest.raises(CheckpointError, match="family rtdetr now splits as"):
+        LibreYOLO(bad, verify=False)
+    (bad / "split.json").unlink()
+    with pytest.raises(CheckpointError, match="split.json is missing"):
+        LibreYOLO(bad, verify=False)
 
 
 def test_edited_ncnn_metadata_is_refused(ncnn_export, tmp_path):

@@ -70,7 +70,8 @@ _FROM_ROW = {"name": "name", "suffix": "suffix", "runtime": "runtime", "extra": 
              "dynamic_shapes": "dynamic_batch", "batch_axis_dynamic": "batch_axis_dynamic",
              "dynamic_spatial": "dynamic_spatial", "half": "half", "embedded_nms": "embedded_nms",
              "int8_mode": "int8", "format_options": "option_names", "benchmarked": "benchmarked",
-             "max_tensor_rank": "max_tensor_rank", "rank_limit": "rank_limit", "e2e_input": "e2e_input"}
+             "max_tensor_rank": "max_tensor_rank", "rank_limit": "rank_limit", "e2e_input": "e2e_input",
+             "selection_on_host": "selection_on_host"}
 
 
 class Exporter:
@@ -80,7 +81,8 @@ class Exporter:
     :data:`libreyolo.export.formats.FORMAT_TABLE` and is exposed as class attributes (``name``,
     ``suffix``, ``runtime``, ``extra``, ``is_directory``, ``dynamic_shapes``, ``batch_axis_dynamic``,
     ``dynamic_spatial``, ``half``, ``embedded_nms``, ``int8_mode``, ``format_options``, ``benchmarked``,
-    ``max_tensor_rank``, ``rank_limit``, ``e2e_input``); the subclass says how to build, stamp and inspect it.
+    ``max_tensor_rank``, ``rank_limit``, ``e2e_input``, ``selection_on_host``); the subclass says how to build,
+    stamp and inspect it.
     """
 
     spec: ClassVar[Format]
@@ -100,6 +102,7 @@ class Exporter:
     benchmarked: ClassVar[bool]
     max_tensor_rank: ClassVar[int | None]
     rank_limit: ClassVar[str]
+    selection_on_host: ClassVar[bool]
     toolchain: ClassVar[tuple[str, ...]] = ()  # packages whose versions go into the metadata
 
     def __init_subclass__(cls, format: str | None = None, **kwargs: Any) -> None:  # noqa: A002
@@ -124,6 +127,11 @@ class Exporter:
         if self.max_tensor_rank is not None and rank > self.max_tensor_rank:
             raise ArgumentError(f"format={self.name} cannot convert family {family.name}: its network builds "
                                 f"rank-{rank} tensors and {self.rank_limit}; export it to onnx or executorch instead")
+        rows = family.export.query_rows()
+        if self.selection_on_host and rows.selection is not None and rows.host_selection is None:
+            raise ArgumentError(f"format={self.name} cannot convert family {family.name}: {self.name} has no top-k or "
+                                "gather for its query selection and the family declares no split at it "
+                                "(SetContract.host_selection); export it to onnx or openvino instead")
 
     def resolve_output(self, model: Any, output: Any, name: Any) -> Path:
         """Where the artifact goes (checked before anything is built); the default is one file or

@@ -70,6 +70,10 @@ class Format:
     # ExportContract.tensor_rank exceeds it are refused with ``rank_limit`` as the reason
     max_tensor_rank: int | None = None
     rank_limit: str = ""
+    # the converter has no top-k/gather: a family with a query selection (SetContract.selection) is
+    # exported as the two programs of its SetContract.host_selection, the selection run on the host by
+    # the runtime; a family that declares no such split is refused before anything is built
+    selection_on_host: bool = False
     traced_on_cpu: bool = False        # exported and run on the CPU whatever the model's device (benchmark)
     build_needs: tuple[str, str] | None = None  # (package, why): built only where it runs (benchmark)
     benchmarked: bool = True           # a default row of ``libreyolo benchmark`` (False: another row's file)
@@ -107,10 +111,11 @@ FORMAT_TABLE: tuple[Format, ...] = (
     # NCNN's Mat holds at most 4 axes; pnnx maps a batch-1 tensor to it by dropping the batch axis. Measured with
     # pnnx 20261020: a rank-5 q/k/v split with a permuted batch axis was dropped and the param file did not load
     # (ViT and the DETR deformable sampling now trace at rank 4); Swin's window partitions, LW-DETR's windows and
-    # RF-DETR's DINOv2 q/k/v stay above it. Operators NCNN has no layer for (the DETR query selection's topk and
-    # gather) are refused after conversion by the exporter, naming them
+    # RF-DETR's DINOv2 q/k/v stay above it. NCNN has no top-k or gather layer (the DETR query selection): a
+    # family that declares a split at its selection is exported as two programs with the selection on the host;
+    # any other operator NCNN has no layer for is refused after conversion by the exporter, naming it
     Format("ncnn", "_ncnn_model", "ncnn", "ncnn", "ncnn", "an NCNN folder <stem>_ncnn_model", directory=True,
-           traced_on_cpu=True, max_tensor_rank=4,
+           traced_on_cpu=True, max_tensor_rank=4, selection_on_host=True,
            rank_limit="NCNN tensors hold at most 4 axes with the batch axis (pnnx cannot map this family's "
                       "rank-5/6 window partitions or q/k/v splits)"),
     # half: fp16 weights, a post-conversion step on the flatbuffer, no GPU needed; int8: PT2E static
@@ -203,7 +208,8 @@ def capabilities(f: Format) -> list[str]:
     return [*(["dynamic batch" + (" and size" if f.dynamic_spatial else "")] if f.dynamic_batch else []),
             *([half[f.half]] if f.half in half else []), *([int8[f.int8]] if f.int8 in int8 else []),
             *(["NMS inside"] if f.embedded_nms else []), *(["end-to-end uint8 input"] if f.e2e_input else []),
-            *([f"tensors of rank <= {f.max_tensor_rank}"] if f.max_tensor_rank is not None else [])]
+            *([f"tensors of rank <= {f.max_tensor_rank}"] if f.max_tensor_rank is not None else []),
+            *(["DETR query selection on the host (families that declare the split)"] if f.selection_on_host else [])]
 
 
 def help_lines() -> list[str]:

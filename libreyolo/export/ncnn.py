@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ from libreyolo.errors import ArgumentError, require
 from libreyolo.export.base import Exporter, ExportError, ExportOptions
 from libreyolo.export.formats import get_format
 from libreyolo.export.metadata import folder_content_sha256, write_folder_metadata
+from libreyolo.runtimes.ncnn import host_selection, write_split
 
 EXTRA = get_format("ncnn").extra
-PARAM, BIN = "model.ncnn.param", "model.ncnn.bin"
+MODEL_STEM, TAIL_STEM = "model", "decoder"  # model.ncnn.*: the image's program; decoder.ncnn.*: a split's tail
+PARAM, BIN = f"{MODEL_STEM}.ncnn.param", f"{MODEL_STEM}.ncnn.bin"
 PNNX_TIMEOUT_S = 900
 
 
@@ -54,13 +57,13 @@ def unknown_layers(path: str | Path) -> dict[str, int]:
     return counts
 
 
-def run_pnnx(traced: Path, example: torch.Tensor, out: Path, work: Path) -> None:
-    """Convert a saved TorchScript module with pnnx's executable; NCNN files go to ``out``."""
+def run_pnnx(traced: Path, examples: Sequence[torch.Tensor], param: Path, weights: Path, work: Path) -> None:
+    """Convert a saved TorchScript module with pnnx's executable into ``param``/``weights``."""
     pnnx = require("pnnx", EXTRA, "NCNN export")
-    traced, out, work = traced.resolve(), out.resolve(), work.resolve()
-    shape = "[" + ",".join(str(int(s)) for s in example.shape) + "]f32"
+    traced, param, weights, work = traced.resolve(), param.resolve(), weights.resolve(), work.resolve()
+    shape = ",".join("[" + ",".join(str(int(s)) for s in x.shape) + "]f32" for x in examples)
     args = [pnnx.EXEC_PATH, str(traced), f"inputshape={shape}", "fp16=0", "device=cpu",
-            f"ncnnparam={out / PARAM}", f"ncnnbin={out / BIN}", f"ncnnpy={work / 'model_ncnn.py'}",
+            f"ncnnparam={param}", f"ncnnbin={weights}", f"ncnnpy={work / 'model_ncnn.py'}",
             f"pnnxparam={work / 'model.pnnx.param'}", f"pnnxbin={work / 'model.pnnx.bin'}",
             f"pnnxpy={work / 'model_pnnx.py'}", f"pnnxonnx={work / 'model.pnnx.onnx'}"]
     try:
@@ -68,13 +71,69 @@ def run_pnnx(traced: Path, example: torch.Tensor, out: Path, work: Path) -> None
     except subprocess.TimeoutExpired:
         raise ExportError(f"pnnx did not finish within {PNNX_TIMEOUT_S} s") from None
     log = (done.stdout + done.stderr).strip().splitlines()
-    if done.returncode != 0 or not (out / PARAM).is_file() or not (out / BIN).is_file():
+    if done.returncode != 0 or not param.is_file() or not weights.is_file():
         tail = "\n".join(log[-12:])
         raise ExportError(f"pnnx failed to convert the model (exit {done.returncode}):\n{tail}")
     problems = list(dict.fromkeys(line.strip() for line in log
                                   if "not supported" in line or "not exists or registered" in line))
     if problems:
         raise ExportError(f"pnnx could not map every operator to NCNN: {'; '.join(problems[:4])}")
+
+
+def convert(module: torch.nn.Module, examples: tuple[torch.Tensor, ...], folder: Path, stem: str,
+            n_outputs: int, work: Path) -> None:
+    """Trace ``module`` on ``examples`` and write ``<stem>.ncnn.param``/``.bin`` into ``folder``; checks that
+    ncnn has a layer for every operator and that the program has outputs ``out0`` ... ``out<n_outputs - 1>``."""
+    work.mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            traced = torch.jit.trace(module, examples, strict=False, check_trace=False)
+        except Exception as exc:
+            raise ExportError(f"NCNN export: tracing failed: {type(exc).__name__}: {exc}") from exc
+    saved = work / "model.pt"
+    traced.save(str(saved))
+    param, weights = folder / f"{stem}.ncnn.param", folder / f"{stem}.ncnn.bin"
+    run_pnnx(saved, examples, param, weights, work)
+    missing = unknown_layers(param)
+    if missing:
+        ops = ", ".join(f"{kind} x{n}" for kind, n in sorted(missing.items()))
+        raise ExportError(f"NCNN has no layer for operators of this network ({ops}): pnnx left them "
+                          "unconverted and ncnn cannot load the model; export another format (onnx, openvino)")
+    outputs = sorted(o for layer in param_layers(param) for o in layer[3] if re.fullmatch(r"out\d+", o))
+    expected = sorted(f"out{i}" for i in range(n_outputs))
+    if outputs != expected:
+        raise ExportError(f"pnnx wrote outputs {outputs} for {param.name}, expected {expected}")
+
+
+class _NamedOutputs(torch.nn.Module):
+    """A program that returns the network's outputs dict as the contract's tuple (the split's tail)."""
+
+    def __init__(self, program: torch.nn.Module, family: Any) -> None:
+        super().__init__()
+        self.program, self.family = program, family
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.family.export_outputs(self.program(*inputs)))
+
+
+def build_split(module: Any, example: torch.Tensor, path: Path, work: Path) -> None:
+    """Two programs cut at the family's query selection (``SetContract.host_selection``): ``model.ncnn.*``
+    (image -> the selection's inputs) and ``decoder.ncnn.*`` (the selected queries -> the contract's
+    outputs); ``split.json`` records their blobs and the selection's parameters for the runtime."""
+    split = host_selection(module.contract)
+    head, tail = split.programs(module.net, example)
+    params = split.params(module.net)
+    with torch.no_grad():
+        head_out = dict(zip(split.head_outputs, head(example), strict=True))
+        tail_in = split.select(head_out, **params)
+    convert(head, (example,), path, MODEL_STEM, len(split.head_outputs), work / "head")
+    convert(_NamedOutputs(tail, module.family), tuple(tail_in[n].contiguous() for n in split.tail_inputs), path,
+            TAIL_STEM, len(module.output_names()), work / "tail")
+    write_split(path, {"programs": [MODEL_STEM, TAIL_STEM], "head_outputs": list(split.head_outputs),
+                       "tail_inputs": list(split.tail_inputs), "params": params,
+                       # pnnx fixes the decoder's shapes (e.g. the query count) at these: checked by the runtime
+                       "tail_shapes": [list(tail_in[n].shape[1:]) for n in split.tail_inputs]})
 
 
 class NcnnExporter(Exporter, format="ncnn"):
@@ -94,26 +153,11 @@ class NcnnExporter(Exporter, format="ncnn"):
     def build(self, module: torch.nn.Module, example: torch.Tensor, path: Path, opts: ExportOptions,
               work: Path) -> None:
         module.float().eval()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                traced = torch.jit.trace(module, example, strict=False, check_trace=False)
-            except Exception as exc:
-                raise ExportError(f"NCNN export: tracing failed: {type(exc).__name__}: {exc}") from exc
-        saved = work / "model.pt"
-        traced.save(str(saved))
         path.mkdir()
-        run_pnnx(saved, example, path, work)
-        missing = unknown_layers(path / PARAM)
-        if missing:
-            ops = ", ".join(f"{kind} x{n}" for kind, n in sorted(missing.items()))
-            raise ExportError(f"NCNN has no layer for operators of this network ({ops}): pnnx left them "
-                              "unconverted and ncnn cannot load the model; export another format (onnx, openvino)")
-        outputs = [o for layer in param_layers(path / PARAM) for o in layer[3] if re.fullmatch(r"out\d+", o)]
-        expected = [f"out{i}" for i in range(len(module.output_names()))]
-        if sorted(outputs) != expected:
-            raise ExportError(f"pnnx wrote outputs {sorted(outputs)}, expected {expected} "
-                              f"({', '.join(module.output_names())})")
+        if module.contract.query_rows().host_selection is not None:
+            build_split(module, example, path, work)
+        else:
+            convert(module, (example,), path, MODEL_STEM, len(module.output_names()), work / "model")
 
     def write_metadata(self, path: Path, encoded: dict[str, str], meta: dict[str, Any]) -> None:
         write_folder_metadata(path, encoded, meta)
@@ -133,7 +177,7 @@ class NcnnExporter(Exporter, format="ncnn"):
                 "runs it; an app must set the same Net options (see docs/export.md)"]
 
     def graph_ops(self, path: Path) -> set[str]:
-        return {layer[0] for layer in param_layers(path / PARAM)}
+        return {layer[0] for param in sorted(path.glob("*.ncnn.param")) for layer in param_layers(param)}
 
 
 EXPORTER = NcnnExporter()

@@ -45,6 +45,11 @@ class QueryRows:
     # reference box is gathered): a near-tie inside the selection then changes part of two rows,
     # which no reordering undoes, and rows at near-tied ranks are left out instead
     whole_rows: bool = True
+    # "module:attribute" of the network cut at the selection (head program -> the selection on the host ->
+    # tail program, e.g. libreyolo.models.rtdetr.split:SPLIT): formats without top-k/gather (NCNN,
+    # Format.selection_on_host) export the two programs and run the eager model's own selection between
+    # them; None with a selection: such formats refuse the family
+    host_selection: str | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,8 @@ class SetContract(ExportContract):
     selection: str | None = None
     # see QueryRows.whole_rows
     rows_follow_candidates: bool = True
+    # see QueryRows.host_selection
+    host_selection: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -195,7 +202,8 @@ class SetContract(ExportContract):
         return {"row_sets": set(self.row_sets)}
 
     def query_rows(self) -> QueryRows:
-        return QueryRows(self.row_sets, self.max_moved_rows, self.selection, self.rows_follow_candidates)
+        return QueryRows(self.row_sets, self.max_moved_rows, self.selection, self.rows_follow_candidates,
+                         self.host_selection)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,27 @@ from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, pr
 from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 
 Shapes = list[tuple[int, int]]
+
+
+class EncoderOutput(NamedTuple):
+    memory: torch.Tensor         # (B, S, C) the flattened encoder levels the decoder samples
+    shapes: Shapes               # (height, width) of each level
+    output_memory: torch.Tensor  # (B, S, C) every candidate's projected memory
+    logits: torch.Tensor         # (B, S, nc) every candidate's class logits
+    boxes_unact: torch.Tensor    # (B, S, 4) every candidate's box before the sigmoid
+
+
+def select_queries(enc_logits: torch.Tensor, enc_boxes_unact: torch.Tensor, output_memory: torch.Tensor,
+                   num_queries: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RT-DETR's query selection: the ``num_queries`` candidates of best class logit (fewer positions than
+    queries, as for tiny inputs: all of them), as (indices (B, Q), their memory rows (B, Q, C), their
+    unactivated boxes (B, Q, 4)). The one implementation: the eager model, training and the runtimes
+    that run the selection on the host (NCNN, :mod:`libreyolo.models.rtdetr.split`) call it."""
+    k = min(int(num_queries), enc_logits.shape[1])
+    topk = torch.topk(enc_logits.max(-1).values, k, dim=1).indices
+    ref_unact = enc_boxes_unact.gather(1, topk.unsqueeze(-1).expand(-1, -1, enc_boxes_unact.shape[-1]))
+    target = output_memory.gather(1, topk.unsqueeze(-1).expand(-1, -1, output_memory.shape[-1]))
+    return topk, target, ref_unact
 
 
 class TransformerDecoderLayer(nn.Module):
@@ -129,43 +151,41 @@ class RTDETRTransformer(nn.Module):
             return self.anchors, self.valid_mask
         return self._anchors.anchors(shapes, memory.device)
 
-    def _memory(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, Shapes, torch.Tensor, torch.Tensor]:
-        """Projected levels flattened to memory (B, S, C), level shapes, anchors (1, S, 4), valid (1, S, 1)."""
+    def encode(self, feats: list[torch.Tensor]) -> EncoderOutput:
+        """The encoder side of the query selection: projected levels flattened to memory (B, S, C), the
+        level shapes, and every candidate's projected memory, class logits and unactivated boxes."""
         proj = [p(f) for p, f in zip(self.input_proj, feats, strict=True)]
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in proj]
         memory = torch.cat([f.flatten(2).permute(0, 2, 1) for f in proj], dim=1)
         anchors, valid = self._anchors_for(shapes, memory)
-        return memory, self._anchors.level_shapes(shapes, memory.device), anchors, valid
+        output_memory = self.enc_output(valid.to(memory.dtype) * memory)
+        return EncoderOutput(memory, shapes, output_memory, self.enc_score_head(output_memory),
+                             self.enc_bbox_head(output_memory) + anchors.to(memory.dtype))
+
+    def decode(self, target: torch.Tensor, ref_unact: torch.Tensor, memory: torch.Tensor,
+               shapes: Shapes) -> dict[str, torch.Tensor]:
+        """The decoder from the selected queries (inference: the eval layer's outputs)."""
+        logits, boxes = self.decoder(target, ref_unact, memory, self._anchors.level_shapes(shapes, memory.device),
+                                     self.dec_bbox_head, self.dec_score_head, self.query_pos_head)
+        return {"pred_logits": logits, "pred_boxes": boxes}
 
     def forward(self, feats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        memory, shapes, anchors, valid = self._memory(feats)
-        output_memory = self.enc_output(valid.to(memory.dtype) * memory)
-        enc_logits = self.enc_score_head(output_memory)
-        enc_boxes_unact = self.enc_bbox_head(output_memory) + anchors.to(memory.dtype)
-        # fewer positions than queries (tiny inputs): take them all rather than fail
-        topk = torch.topk(enc_logits.max(-1).values, min(self.num_queries, memory.shape[1]), dim=1).indices
-        ref_unact = enc_boxes_unact.gather(1, topk.unsqueeze(-1).expand(-1, -1, 4))
-        target = output_memory.gather(1, topk.unsqueeze(-1).expand(-1, -1, self.hidden))
-        logits, boxes = self.decoder(target, ref_unact, memory, shapes, self.dec_bbox_head, self.dec_score_head,
-                                     self.query_pos_head)
-        return {"pred_logits": logits, "pred_boxes": boxes}
+        enc = self.encode(feats)
+        _, target, ref_unact = select_queries(enc.logits, enc.boxes_unact, enc.output_memory, self.num_queries)
+        return self.decode(target, ref_unact, enc.memory, enc.shapes)
 
     def forward_train(self, feats: list[torch.Tensor], gt: GroundTruth, image_size: tuple[int, int]) -> dict:
         """Training outputs for the encoder levels ``feats`` and per-image ground truth ``gt``
         (labels, (cx, cy, w, h) boxes in [0, 1]); see :func:`~libreyolo.models._detr.denoising.pack_train_outputs`."""
-        memory, shapes, anchors, valid = self._memory(feats)
-        output_memory = self.enc_output(valid.to(memory.dtype) * memory)
-        enc_logits = self.enc_score_head(output_memory)
-        enc_boxes_unact = self.enc_bbox_head(output_memory) + anchors.to(memory.dtype)
-        q = min(self.num_queries, memory.shape[1])
-        topk = torch.topk(enc_logits.max(-1).values, q, dim=1).indices
-        ref_unact = enc_boxes_unact.gather(1, topk.unsqueeze(-1).expand(-1, -1, 4))
+        enc = self.encode(feats)
+        memory, enc_logits = enc.memory, enc.logits
+        shapes = self._anchors.level_shapes(enc.shapes, memory.device)
+        topk, target, ref_unact = select_queries(enc_logits, enc.boxes_unact, enc.output_memory, self.num_queries)
         enc_topk_logits = enc_logits.gather(1, topk.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))
         enc_topk_boxes = torch.sigmoid(ref_unact)
         # the decoder starts from the selection, but its gradient does not flow back into it
-        target = output_memory.gather(1, topk.unsqueeze(-1).expand(-1, -1, self.hidden)).detach()
-        ref_unact = ref_unact.detach()
-        target, ref_unact, dn, attend = prepend_denoising(self, target, ref_unact, gt, q)
+        target, ref_unact = target.detach(), ref_unact.detach()
+        target, ref_unact, dn, attend = prepend_denoising(self, target, ref_unact, gt, topk.shape[1])
         logits, boxes = self.decoder.forward_train(target, ref_unact, memory, shapes, self.dec_bbox_head,
                                                    self.dec_score_head, self.query_pos_head, attend)
         return pack_train_outputs(logits, boxes, enc_topk_logits, enc_topk_boxes, dn, image_size)

@@ -4,9 +4,11 @@ The export contract, training recipe and hooks and the postprocessing are the DE
 (:class:`libreyolo.models._detr.family.SetDetectFamily`)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
-from libreyolo.models._detr.family import SetDetectFamily
+from libreyolo.models._detr.family import DETR_EXPORT, SetDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.rtdetr.network import RTDETR, SIZES
 from libreyolo.ops.stretch import Stretch
@@ -22,6 +24,8 @@ class RTDETRFamily(SetDetectFamily):
     filename_pattern = r"LibreRTDETR-?(?P<size>r18|r34|r50)"
     SUPPORTS_CUDA_GRAPH = True  # H200 graph parity matrix passed every check (bench/results/2026-12-01-*parity*)
     SUPPORTS_PIPELINE_GRAPH = True  # top-k postprocessing in the graph: H200 pipeline parity rows (2026-12-04)
+    # NCNN: exported as two programs around the query selection, run on the host (tests/test_export_ncnn.py)
+    export = replace(DETR_EXPORT, host_selection="libreyolo.models.rtdetr.split:SPLIT")
 
     def build(self, size: str, nc: int) -> nn.Module:
         return RTDETR(size, nc)
