@@ -9,7 +9,7 @@ For rtdetr-r18 and dfine-n (seeded weights, 640, batch 1, fp32), on the letterbo
   the registry has here, one at a time): median eager forward latency and the largest
   difference from the portable path's outputs (per query row; rows that only trade places in
   a near-tied query selection are matched first);
-- the graphed forward (``Model._graph_forward``: copy-in, replay, copy-out) and whether it is
+- the graphed forward (``Model.graph_forward``: copy-in, replay, copy-out) and whether it is
   bit-for-bit the eager forward; the bare replay;
 - with ``--peer-python``: the reference library's ``predict()`` with and without
   ``cuda_graph=True`` in a child process of that interpreter (its D-FINE capture is expected to
@@ -118,10 +118,10 @@ def bench_case(family: str, size: str, n: int, warmup: int) -> dict:
                                           "max_diff": row_error(got, portable)}
                 _registry._restore(state)
             eager = net(x)
-            graphed = model._graph_forward(x, True)
+            graphed = model.graph_forward(x, True)
             row["graph_bit_equal"] = all(torch.equal(eager[k], graphed[k]) for k in eager)
             row["forward_eager_ms"] = median_ms(lambda: net(x), n, warmup)
-            row["forward_graph_ms"] = median_ms(lambda: model._graph_forward(x, True), n, warmup)
+            row["forward_graph_ms"] = median_ms(lambda: model.graph_forward(x, True), n, warmup)
     finally:
         _registry._restore(state)
     return row

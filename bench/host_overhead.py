@@ -139,7 +139,7 @@ def _cuda_row(name: str, size: str, n: int) -> dict[str, Any]:
         try:
             x, _ = pre([array_source(frame, "bgr", "frame").to_device(dev)],
                        dtype=torch.float16 if half else torch.float32)
-            fwd = _median_ms(lambda x=x: model._graph_forward(x, True), n, 10, sync)
+            fwd = _median_ms(lambda x=x: model.graph_forward(x, True), n, 10, sync)
             pred = _median_ms(lambda half=half: model.predict(frame, half=half, cuda_graph=True, **kw), n, 10, sync)
             row[tag] = {"predict_graph_ms": pred, "forward_graph_ms": fwd, "host_over_ms": round(pred - fwd, 4)}
         except Exception as exc:  # noqa: BLE001
@@ -252,7 +252,7 @@ def main() -> None:
                            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
                            "method": ("predict() host time, network stubbed (its real outputs returned at no cost)"
                                       if args.device == "cpu" else
-                                      "graphed b1 predict vs graphed forward alone (Model._graph_forward)")}
+                                      "graphed b1 predict vs graphed forward alone (Model.graph_forward)")}
     if args.baseline_src is not None:
         this, base = [], []
         for _ in range(args.rounds):

@@ -43,7 +43,7 @@ def profile_one(name: str, args: argparse.Namespace) -> None:
     x, _ = model.family.letterbox(model.imgsz)([array_source(frame, "bgr", "frame").to_device(dev)],
                                                dtype=torch.float16 if args.half else torch.float32)
     call = lambda: model.predict(frame, half=args.half, cuda_graph=True, **kw)  # noqa: E731
-    fwd = _median_ms(lambda: model._graph_forward(x, True), 100, 10, sync)
+    fwd = _median_ms(lambda: model.graph_forward(x, True), 100, 10, sync)
     pred = _median_ms(call, 100, 10, sync)
     tag = "fp16" if args.half else "fp32"
     text = [f"## {name}-{SIZES[name]} {tag}: predict {pred} ms, forward alone {fwd} ms, over {pred - fwd:.3f} ms"]

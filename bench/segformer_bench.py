@@ -12,7 +12,7 @@ flipped and transposed, twice:
 - ``predict``: ``model.predict(images, batch=B)`` eager and with ``cuda_graph=True``, batch 1
   and 8, fp32 (``--half`` adds fp16): median ms per call and images/s, and whether the graphed
   masks equal the eager ones;
-- ``forward``: the bare network, ``model._forward(x)`` against ``model._graph_forward(x, True)``
+- ``forward``: the bare network, ``model._forward(x)`` against ``model.graph_forward(x, True)``
   (copy-in, replay, copy-out), and whether the graphed logits are bit-for-bit the eager ones;
 - ``attention``: a copy of the network with every ``fused_attn`` flag on (SDPA) and off
   (matmul-softmax-matmul, the default), fp32 and fp16: forward ms, max abs logit difference,
@@ -296,9 +296,9 @@ def bench_forward(model, images: list, imgsz: int, batches: list[int], dtypes: l
                 x = letterboxed(model, images, imgsz, b, dtype)
                 eager = model._forward(x)["logits"].clone()
                 row["eager_ms"] = median_ms(lambda x=x: model._forward(x), n, warmup, sync)
-                graphed = model._graph_forward(x, True)["logits"].clone()
+                graphed = model.graph_forward(x, True)["logits"].clone()
                 row.update({f"graph_{k}": v for k, v in diff_stats(graphed, eager).items()})
-                row["graph_ms"] = median_ms(lambda x=x: model._graph_forward(x, True), n, warmup, sync)
+                row["graph_ms"] = median_ms(lambda x=x: model.graph_forward(x, True), n, warmup, sync)
                 row["graph_speedup"] = row["eager_ms"] / row["graph_ms"]
                 again = model._forward(x)["logits"]
                 row["eager_deterministic"] = diff_stats(again, eager)["bit_equal"]

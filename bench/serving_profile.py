@@ -70,7 +70,7 @@ def host_stages(model, frames: list[np.ndarray], half: bool, conf: float, n: int
         batch, metas = lb(tensors, dtype=dtype)
         torch.cuda.synchronize()
         t3 = time.perf_counter()
-        padded = model._pipeline_forward(batch, metas, True, conf=conf, iou=0.45, max_det=300)
+        padded = model.pipeline_forward(batch, metas, True, conf=conf, iou=0.45, max_det=300)
         torch.cuda.synchronize()
         t4 = time.perf_counter()
         preds = post.read(padded)

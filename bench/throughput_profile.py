@@ -75,7 +75,7 @@ def forward_section(model, batch: int, imgsz: int) -> dict:
     from libreyolo.ops.letterbox import LetterboxMeta
 
     metas = [LetterboxMeta((480, 640), 1.0, (0.0, 0.0))] * batch
-    out["pipeline_graph_ms"] = timed(lambda: model._pipeline_forward(x, metas, True, conf=0.25, iou=0.45,
+    out["pipeline_graph_ms"] = timed(lambda: model.pipeline_forward(x, metas, True, conf=0.25, iou=0.45,
                                                                      max_det=300), 30)
     copy = model.inference_copy(dev, dtype)
     module = copy.module
@@ -176,7 +176,7 @@ def detr_section(name: str, size: str, n: int) -> dict:
         batch, metas = pre(tensors)
         torch.cuda.synchronize()
         t2 = time.perf_counter()
-        padded = model._pipeline_forward(batch, metas, True, conf=0.001, max_det=300)
+        padded = model.pipeline_forward(batch, metas, True, conf=0.001, max_det=300)
         torch.cuda.synchronize()
         t3 = time.perf_counter()
         post.read(padded)

@@ -296,14 +296,14 @@ def test_postprocessing_on_cuda_never_waits_for_the_device(model):
     x = _probe_inputs(model, sizes=(640,))[-1]
     metas = [LetterboxMeta((480, 640), 1.0, (0.0, 0.0))]
     kw = {"conf": 0.01, "iou": 0.45, "max_det": 300}
-    model._pipeline_forward(x, metas, True, **kw)  # capture (captures synchronise) and Triton compiles
-    model._pipeline_forward(x, metas, False, **kw)
+    model.pipeline_forward(x, metas, True, **kw)  # capture (captures synchronise) and Triton compiles
+    model.pipeline_forward(x, metas, False, **kw)
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        graphed = model._pipeline_forward(x, metas, True, **kw)
-        eager = model._pipeline_forward(x, metas, False, **kw)
+        graphed = model.pipeline_forward(x, metas, True, **kw)
+        eager = model.pipeline_forward(x, metas, False, **kw)
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     assert bit_equal(graphed["detections"], eager["detections"]) and torch.equal(graphed["counts"], eager["counts"])

@@ -2,7 +2,7 @@
 that keeps one :class:`~libreyolo.graphs.GraphRunner` per inference copy (device and precision; with
 ``compile`` on, another whose graphs hold the compiled network), and :func:`capture_graph`, what the
 model's ``capture_graph()`` runs (docs/graphs.md). The whole-pipeline programs they replay are
-:mod:`libreyolo.engine.pipeline`'s."""
+the model's :class:`~libreyolo.engine.pipeline.PipelineExecutor`'s."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -96,10 +96,11 @@ def capture_graph(model: Any, imgsz: int | None = None, batch: int = 1, dtype: t
     from libreyolo.engine.plan import PIPELINE
     from libreyolo.graphs import GraphUnavailableError
 
-    model._require_graph_support()
+    pipe = model._pipeline  # the model's PipelineExecutor (libreyolo.engine.pipeline)
+    pipe.require_support()
     if dtype is not None and dtype not in (torch.float32, torch.float16):
         raise ArgumentError(f"dtype must be torch.float32 or torch.float16, got {dtype!r}")
-    why_not = model._active_graph_backend().unavailable(model.device)
+    why_not = model._graphs.active_backend().unavailable(model.device)
     if why_not is not None:
         raise GraphUnavailableError(f"capture_graph() needs a CUDA device: {why_not}")
     # the plan predict(imgsz=, batch=, half=, cuda_graph=True, **options) runs with: every option checked
@@ -118,7 +119,7 @@ def capture_graph(model: Any, imgsz: int | None = None, batch: int = 1, dtype: t
         post = model.family.device_postprocess()
         metas = [LetterboxMeta((imgsz, imgsz), 1.0, (0.0, 0.0))] * batch
         params = post.params(metas, opts, nc=model.nc, device=model.device)
-        program = model._pipeline_program(runner.fn, post.static(opts))
+        program = pipe.program(runner.fn, post.static(opts))
         with torch.inference_mode():
             return runner.capture((x, params), program)
     with torch.inference_mode():
@@ -144,9 +145,10 @@ def _capture_frames_graph(model: Any, runner: Any, plan: Any, frame_size: Any, c
     h, w = frame_size
     raw = torch.full((batch, h, w, 3), 114, dtype=torch.uint8, device=model.device)
     params = post.params(pre.metas_for(h, w, batch), opts, nc=model.nc, device=model.device)
-    program = model._pipeline_program(runner.fn, post.static(opts), (pre, bgr, dtype))
+    pipe = model._pipeline
+    program = pipe.program(runner.fn, post.static(opts), (pre, bgr, dtype))
     from libreyolo.engine.pipeline import FRAMES_AFTER
 
-    model._frame_sighting(model._frame_key(raw, bgr, pre, dtype, post.static(opts)), at_least=FRAMES_AFTER)
+    pipe.sighting(pipe.frame_key(raw, bgr, pre, dtype, post.static(opts)), at_least=FRAMES_AFTER)
     with torch.inference_mode():
         return runner.capture((raw, params), program)

@@ -17,7 +17,7 @@ from libreyolo.engine.compile_state import Compilation
 from libreyolo.engine.graph_state import GraphState
 from libreyolo.engine.graphed import ForwardGraphs, capture_graph
 from libreyolo.engine.inference import CHANNELS_LAST_CHOICES, InferenceCopies, InferenceCopy
-from libreyolo.engine.pipeline import PipelineGraphs
+from libreyolo.engine.pipeline import PipelineExecutor
 from libreyolo.engine.plan import COMPILED as COMPILED_EXECUTOR
 from libreyolo.engine.plan import EAGER, CallPlan
 from libreyolo.engine.predictor import Predictor
@@ -28,7 +28,7 @@ from libreyolo.models.base import Family
 _SETUP_LOCK = threading.Lock()  # makes a model's inference-copy cache exactly once per master network
 
 
-class Model(PipelineGraphs, Predictor):
+class Model(Predictor):
     """An eager model. Build with :func:`libreyolo.LibreYOLO`."""
 
     _inference: InferenceCopies | None = None  # the inference copies of the current master (see _copies)
@@ -58,6 +58,7 @@ class Model(PipelineGraphs, Predictor):
         self._graphs = GraphState()  # graph backend, graphs kept, retired counters (libreyolo.engine.graph_state)
         self._compilation = Compilation()  # compile(): the mode, its programs (libreyolo.engine.compile_state)
         self._forward_graphs = ForwardGraphs(self._graphs, self._compilation, family)  # a runner per copy
+        self._pipeline = self._pipeline_part()  # the whole-pipeline graph (libreyolo.engine.pipeline)
         self._quant = Quantization()  # quantize(): the simulated recipe (libreyolo.engine.quantized)
         self._train_graph: dict[str, Any] | None = None  # the last train() run's graph use
         self._tracking: Any = None  # the tracks of track(persist=True) (libreyolo.track.tracking.Tracking)
@@ -74,7 +75,7 @@ class Model(PipelineGraphs, Predictor):
 
     # what a copy of the model rebuilds on first use instead of copying: the inference-copy cache (with
     # its CUDA graphs and compiled programs) and the pinned staging buffers hold device memory and locks
-    _RUNTIME_STATE = ("_inference", "_calls")
+    _RUNTIME_STATE = ("_inference", "_calls", "_pipeline")
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Model:
         """``copy.deepcopy(model)``: its own master weights, settings and quantization state; inference
@@ -87,7 +88,11 @@ class Model(PipelineGraphs, Predictor):
                 continue
             new.__dict__[key] = copy.deepcopy(value, memo)
         new._calls = CallState()  # and _inference: the class default (None) until the copy runs
+        new._pipeline = new._pipeline_part()
         return new
+
+    def _pipeline_part(self) -> PipelineExecutor:
+        return PipelineExecutor(self.family, lambda: self.nc, self._graphs, self._calls, self._graph_target)
 
     # --- device and precision ----------------------------------------------------------------
     @property
@@ -152,7 +157,7 @@ class Model(PipelineGraphs, Predictor):
 
     def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
         if graph:
-            return self._graph_executor(device)
+            return self._pipeline.executor(self.pipeline_unavailable(device))
         return COMPILED_EXECUTOR if self._compilation.on else EAGER
 
     def _execute(self, batch: torch.Tensor, plan: CallPlan) -> dict[str, torch.Tensor]:
@@ -279,12 +284,34 @@ class Model(PipelineGraphs, Predictor):
                 if compiled is not None:
                     return compiled(batch)
                 return self.family.named_outputs(copy.module(batch))
-        self._require_graph_support()
-        return self._graph_forward(batch, cuda_graph)
+        self._pipeline.require_support()
+        return self.graph_forward(batch, cuda_graph)
 
-    def _graph_forward(self, batch: torch.Tensor, mode: bool | str) -> dict[str, torch.Tensor]:
-        """Graph replay without the family check (the parity harness uses it to verify a family)."""
+    def graph_forward(self, batch: torch.Tensor, mode: bool | str = True) -> dict[str, torch.Tensor]:
+        """The network's named outputs for a preprocessed ``batch`` by graph replay in ``mode`` (True or
+        "auto"), without the family check: what the parity harness verifies a family with, and the
+        benchmarks time as the network alone (docs/graphs.md)."""
         return self._forward_graphs.forward(self._copies().get(batch.device, batch.dtype), batch, mode)
+
+    def pipeline_forward(self, batch: torch.Tensor, metas: list, mode: bool | str = True, opts: Any = None,
+                         **options: Any) -> dict[str, torch.Tensor]:
+        """Padded outputs of the whole-pipeline program (network and device postprocessing) for a
+        letterboxed ``batch`` (``metas``: its letterbox records), replayed as a graph (``mode`` True or
+        "auto") or run eagerly (False), without the family check: the parity harness and the benchmarks
+        use it. ``opts``: the call's :class:`~libreyolo.tasks.TaskOptions`, or the task's options as
+        keywords (detect: conf, iou, max_det, ...)."""
+        return self._pipeline.forward(batch, metas, mode, self.predict_options(**options) if opts is None else opts)
+
+    def set_graph_backend(self, backend: Any) -> None:
+        """Capture and replay graphs through ``backend`` (the parity harness, CPU tests:
+        :class:`~libreyolo.graphs.EmulatedGraphBackend`); None: real CUDA graphs. Set it before the
+        first graphed call: runners made before keep the backend they were made with."""
+        self._graphs.set_backend(backend)
+
+    def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
+        """None if ``predict(cuda_graph=...)`` on ``device`` (default: the model's) runs the whole pipeline
+        as one graph, else why it graphs the network forward only (``graph_info()["pipeline"]`` says the same)."""
+        return self._pipeline.unavailable(self.device if device is None else device)
 
     def _graph_runner(self, copy: InferenceCopy | None = None) -> Any:
         """The :class:`~libreyolo.graphs.GraphRunner` of an inference copy (default: the one for the
@@ -292,7 +319,7 @@ class Model(PipelineGraphs, Predictor):
         return self._forward_graphs.runner(self.inference_copy() if copy is None else copy)
 
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
-        """(runner, network) of the whole-pipeline graph for ``batch`` (libreyolo.engine.pipeline)."""
+        """(runner, network) of the whole-pipeline graph for ``batch``: the :class:`PipelineExecutor`'s target."""
         runner = self._forward_graphs.runner(self._copies().get(batch.device, batch.dtype))
         return runner, runner.fn
 
@@ -324,7 +351,7 @@ class Model(PipelineGraphs, Predictor):
         Graphs of every inference copy (device and precision) are listed; the counters include
         graphs dropped with copies that were retired because the weights changed.
         """
-        head = self._graph_info_head()
+        head = self._pipeline.info_head(self.device)
         return self._forward_graphs.info(self._copies().live(), head, self.inference_copy)
 
     def release_graphs(self) -> None:

@@ -19,7 +19,8 @@ from libreyolo.data.sources import SourceImage, Sources, open_sources
 from libreyolo.data.video import NETWORK_TIMEOUT_S
 from libreyolo.engine.batches import stream_results
 from libreyolo.engine.calls import CallState, StageClock
-from libreyolo.engine.plan import EAGER, CallPlan, freeze
+from libreyolo.engine.pipeline import PipelineExecutor
+from libreyolo.engine.plan import EAGER, PIPELINE, CallPlan, freeze
 from libreyolo.engine.stream import StagedBatch, StagingPool, resolve_workers, side_stream, stage, staging_wanted
 from libreyolo.errors import ArgumentError
 from libreyolo.models.base import Family
@@ -40,6 +41,7 @@ class Predictor:
     _calls: CallState  # plans, staging buffers (made by the subclass's __init__)
     _tracking: Any = None  # the tracks that track(persist=True) keeps (libreyolo.track.tracking.Tracking)
     _graphs: Any = None  # a predictor that replays graphs declares its GraphState (libreyolo.engine.graph_state)
+    _pipeline: PipelineExecutor | None = None  # ... and its whole-pipeline graph (libreyolo.engine.pipeline)
 
     # --- to implement --------------------------------------------------------------------
     @property
@@ -75,9 +77,14 @@ class Predictor:
         the per-image predictions back (the one wait for the device), so that the next batch can
         be enqueued in between (:meth:`libreyolo.models.base.Family.postprocess_later`).
 
-        Calls ``clock.mark()`` once the network's work is enqueued. A model may override this to
-        run both stages as one CUDA graph (:class:`libreyolo.engine.pipeline.PipelineGraphs`).
+        Calls ``clock.mark()`` once the network's work is enqueued. With the plan's ``pipeline``
+        executor, both stages are one CUDA graph replay (:meth:`PipelineExecutor.start`); where its
+        capture fails for this input, the forward graph and eager postprocessing serve.
         """
+        if plan.executor == PIPELINE and self._pipeline is not None:
+            read = self._pipeline.start(batch, metas, clock, plan)
+            if read is not None:
+                return read
         opts = plan.task_options
         need = self.family.forward_bytes(self.size, tuple(batch.shape), opts)
         if need is not None:
@@ -108,8 +115,8 @@ class Predictor:
         """Preprocessing, network and postprocessing of a batch of same-size uploaded frames
         (``frames``: (B, H, W, 3) uint8 and whether they are BGR) as one CUDA graph, or None when
         this model cannot (then :meth:`_infer_start` runs on the preprocessed batch).
-        Returns (read-back call, metas). See :meth:`libreyolo.engine.pipeline.PipelineGraphs._infer_frames_start`."""
-        return None
+        Returns (read-back call, metas). See :meth:`libreyolo.engine.pipeline.PipelineExecutor.start_frames`."""
+        return None if self._pipeline is None else self._pipeline.start_frames(frames, clock, plan)
 
     def _infer(self, batch: torch.Tensor, metas: list, clock: StageClock, plan: CallPlan) -> list:
         """:meth:`_infer_start` read back at once: the per-image predictions of one batch."""

@@ -199,7 +199,7 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
             return model._forward(x)
 
         def graph(x):
-            return model._graph_forward(x, True)
+            return model.graph_forward(x, True)
 
         p = {s: probes(family, s, device=device, seed=seed) for s in {big, small}}
         ref = {s: {n: eager(x) for n, x in p[s].items()} for s in p}
@@ -283,8 +283,8 @@ def _pipeline_checks(model, p: dict[int, dict[str, torch.Tensor]], big: int, sma
 
     def same(x: torch.Tensor, **kw: Any) -> tuple[bool, str]:
         metas = metas_of(x)
-        graphed = model._pipeline_forward(x, metas, True, **kw)
-        eager_padded = model._pipeline_forward(x, metas, False, **kw)
+        graphed = model.pipeline_forward(x, metas, True, **kw)
+        eager_padded = model.pipeline_forward(x, metas, False, **kw)
         ok, detail = equal_outputs(graphed, eager_padded)
         got = post.read(graphed)
         want = family.postprocess(model._forward(x), metas, **kw)  # what eager predict() computes

@@ -11,7 +11,7 @@ checks, on every call, with CUDA events whether a model instance is free, and ev
 illegal inside a stream capture; the single-threaded runner drops that check (calls here are
 serialised by a lock anyway), so ``predict(cuda_graph=True)`` captures the compiled forward and,
 where the family allows it, the whole pipeline (decoding, candidates, NMS) into one graph, through
-the same :class:`~libreyolo.engine.pipeline.PipelineGraphs` as the eager model. CPU packages run
+a :class:`~libreyolo.engine.pipeline.PipelineExecutor` as the eager model's. CPU packages run
 the compiled call (``cuda_graph=True`` logs one line).
 
 Verification (``verify=True``, the default): the package bytes and the metadata are checked
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from libreyolo.engine.graph_state import GraphState
-from libreyolo.engine.pipeline import PipelineGraphs
+from libreyolo.engine.pipeline import PipelineExecutor
 from libreyolo.engine.plan import RUNTIME
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.export.aoti import pt2_content_sha256, read_build_info, read_metadata_strings
@@ -46,7 +46,7 @@ NO_GRAPH_REASON = ("CUDA graphs apply to CUDA packages; this AOTInductor package
                    "call")
 
 
-class AotiPredictor(PipelineGraphs, ArtifactPredictor):
+class AotiPredictor(ArtifactPredictor):
     format = "aoti"
 
     def __init__(self, path: Path, meta: dict[str, Any], compiled: Any, device: torch.device,
@@ -61,6 +61,10 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         self._runner: Any = None
         self._runner_lock = threading.Lock()
         self._graphs = GraphState()  # the graph backend (set_graph_backend) and graphs kept
+        # the whole-pipeline graph; the letterbox stays outside a package's graph: the letterbox-inside
+        # program is verified on a GPU for the eager model only (tests/test_stream_pipeline.py)
+        self._pipeline = PipelineExecutor(self.family, lambda: self.nc, self._graphs, self._calls, self._graph_target,
+                                          frames=False, reason=None if graphable else NO_GRAPH_REASON)
 
     @property
     def device(self) -> torch.device:
@@ -71,11 +75,13 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
 
     # --- the call ----------------------------------------------------------------------------
     def _choose_executor(self, device: torch.device, graph: bool | str) -> str:
-        return self._graph_executor(device) if graph and self._graphable else RUNTIME
+        if graph and self._graphable:
+            return self._pipeline.executor(self.pipeline_unavailable(device))
+        return RUNTIME
 
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
         if cuda_graph and self._graphable:
-            self._require_graph_support()
+            self._pipeline.require_support()
             with torch.inference_mode():
                 return self._graph_runner()(batch, cuda_graph)
         if cuda_graph and not self._told:
@@ -88,6 +94,14 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         return ArtifactPredictor._forward(self, batch)
 
     # --- CUDA graphs (libreyolo.engine.pipeline) -------------------------------------------------
+    def set_graph_backend(self, backend: Any) -> None:
+        """As :meth:`libreyolo.engine.model.Model.set_graph_backend`."""
+        self._graphs.set_backend(backend)
+
+    def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
+        """As :meth:`libreyolo.engine.model.Model.pipeline_unavailable` (a CPU package: why it has no graphs)."""
+        return self._pipeline.unavailable(self._device if device is None else device)
+
     def _graph_runner(self):
         from torch import nn
 
@@ -98,16 +112,6 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
 
     def _graph_target(self, batch: torch.Tensor) -> tuple[Any, Any]:
         return self._graph_runner(), self._network
-
-    def _infer_frames_start(self, *args: Any, **kwargs: Any) -> None:
-        """The letterbox stays outside a package's graph: the letterbox-inside program is verified
-        on a GPU for the eager model only (tests/test_stream_pipeline.py), not yet for packages."""
-        return None
-
-    def pipeline_unavailable(self, device: torch.device | None = None) -> str | None:
-        if not self._graphable:
-            return NO_GRAPH_REASON
-        return super().pipeline_unavailable(device)
 
     def _call(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
         with self._call_lock:
@@ -124,7 +128,7 @@ class AotiPredictor(PipelineGraphs, ArtifactPredictor):
         if not self._graphable:
             return {"family": self.family.name, "supported": False, "reason": NO_GRAPH_REASON, "captures": 0,
                     "graphs": []}
-        info = self._graph_info_head()
+        info = self._pipeline.info_head(self._device)
         info.update(self._graph_runner().info())
         return info
 
