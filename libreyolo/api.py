@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.checkpoint import _check_link, default_names, hub_download, read_checkpoint
+from libreyolo.checkpoint import check_link, default_names, hub_download, read_checkpoint
 from libreyolo.errors import ArgumentError, CheckpointError
 from libreyolo.export.formats import artifact_runtime
 from libreyolo.models.registry import family_from_filename, get_family
@@ -125,7 +125,7 @@ def LibreYOLO(  # noqa: N802 - a factory named like the class users know
         return triton.load(str(model), device=device, verify=verify, **runtime_kwargs)
     dev = resolve_device(device)
     path = Path(model)
-    _check_link(path)
+    check_link(path)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
         if runtime_kwargs:

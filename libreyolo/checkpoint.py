@@ -178,7 +178,7 @@ def read_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     are refused too.
     """
     path = Path(path)
-    _check_link(path)
+    check_link(path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, not a checkpoint file")
     if path.exists() and not path.is_file():
@@ -205,7 +205,7 @@ def read_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     return Checkpoint(family, size, nc, names, imgsz, state, meta, str(path))
 
 
-def _check_link(path: Path) -> None:
+def check_link(path: Path) -> None:
     """A symbolic link that leads nowhere (dangling, or a loop) is named as such, not as "not found"."""
     import errno
 

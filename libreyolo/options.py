@@ -95,11 +95,11 @@ class Opt:
             except LibreYOLOError:
                 raise
             except (TypeError, ValueError, OverflowError):
-                raise ArgumentError(f"{name} must be {self.allowed()}, got {_show(value)}") from None
+                raise ArgumentError(f"{name} must be {self.allowed()}, got {show_value(value)}") from None
         return value
 
     def _bad(self, name: str, value: Any) -> ArgumentError:
-        return ArgumentError(f"{name} must be {self.allowed()}, got {_show(value)}")
+        return ArgumentError(f"{name} must be {self.allowed()}, got {show_value(value)}")
 
     def _range(self, name: str, value: float, shown: Any) -> None:
         if self.min is not None and (value < self.min or (self.min_open and value == self.min)):
@@ -142,17 +142,17 @@ class Opt:
         except OverflowError:
             raise self._bad(name, shown) from None
         if self.finite and not math.isfinite(value):
-            raise ArgumentError(f"{name} must be a finite number ({self.allowed()}), got {_show(shown)}")
+            raise ArgumentError(f"{name} must be a finite number ({self.allowed()}), got {show_value(shown)}")
         self._range(name, value, shown)
         return value
 
     def _str(self, name: str, value: Any) -> str:
         if not isinstance(value, str) and not hasattr(value, "__fspath__"):
-            raise ArgumentError(f"{name} must be a text, got {type(value).__name__} {_show(value)}")
+            raise ArgumentError(f"{name} must be a text, got {type(value).__name__} {show_value(value)}")
         text = str(value.__fspath__() if hasattr(value, "__fspath__") else value)
         if not text or len(text) > MAX_STR or "\x00" in text:
             raise ArgumentError(f"{name} must be a non-empty text of at most {MAX_STR} characters without NUL, "
-                                f"got {_show(text)}")
+                                f"got {show_value(text)}")
         if self.choices:
             low = {c.lower(): c for c in self.choices}
             if text.lower() not in low:
@@ -165,13 +165,15 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters, for error messages."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --- converters for the types that are not plain numbers or text ---------------------------------
-def _converter(allowed: str):
+def option_converter(allowed: str):
+    """Mark ``fn(name, value) -> value`` as an :class:`Opt` type; ``allowed`` is what its errors and ``--help`` say."""
     def wrap(fn: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
         fn.allowed = allowed  # type: ignore[attr-defined]
         return fn
@@ -179,12 +181,12 @@ def _converter(allowed: str):
     return wrap
 
 
-@_converter("true or false (or 1/0)")
+@option_converter("true or false (or 1/0)")
 def as_bool(name: str, value: Any) -> bool:
     return parse_bool(name, value)
 
 
-@_converter("cpu, cuda, cuda:N or mps")
+@option_converter("cpu, cuda, cuda:N or mps")
 def as_device(name: str, value: Any) -> Any:
     from libreyolo.utils.checks import resolve_device
 
@@ -192,17 +194,17 @@ def as_device(name: str, value: Any) -> Any:
     return value.strip() if isinstance(value, str) else value
 
 
-@_converter("false, true or auto")
+@option_converter("false, true or auto")
 def as_graph_mode(name: str, value: Any) -> bool | str:
     if value == "auto":  # exactly: the Python API has always refused "AUTO"
         return "auto"
     try:
         return parse_bool(name, value)
     except ArgumentError:
-        raise ArgumentError(f"{name} must be False, True or 'auto', got {_show(value)}") from None
+        raise ArgumentError(f"{name} must be False, True or 'auto', got {show_value(value)}") from None
 
 
-@_converter("a file path in an existing, writable folder (not a folder itself)")
+@option_converter("a file path in an existing, writable folder (not a folder itself)")
 def as_output_file(name: str, value: Any) -> str:
     """A path a command will write a file to, checked before any work: not an existing folder,
     its folder existing and writable (the write itself is atomic: ``checkpoint.atomic_write``)."""
@@ -226,7 +228,7 @@ def as_output_file(name: str, value: Any) -> str:
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-@_converter("false, true or a torch.compile mode: " + ", ".join(COMPILE_MODES))
+@option_converter("false, true or a torch.compile mode: " + ", ".join(COMPILE_MODES))
 def as_compile_mode(name: str, value: Any) -> bool | str:
     """``False`` (off), ``True`` (the device's mode: reduce-overhead on CUDA, default elsewhere) or
     one of :data:`COMPILE_MODES`, exactly as torch.compile spells it."""
@@ -236,20 +238,20 @@ def as_compile_mode(name: str, value: Any) -> bool | str:
         return parse_bool(name, value)
     except ArgumentError:
         raise ArgumentError(f"{name} must be False, True or a torch.compile mode ({', '.join(COMPILE_MODES)}), "
-                            f"got {_show(value)}; compile=False runs the eager inference copy") from None
+                            f"got {show_value(value)}; compile=False runs the eager inference copy") from None
 
 
-@_converter("class ids such as 0,2,5")
+@option_converter("class ids such as 0,2,5")
 def as_ids(name: str, value: Any) -> list[int]:
     """Non-negative class ids from ``"0,2"``, an int or a list (checked against the model later)."""
     if isinstance(value, str):
         parts = value.replace(",", " ").split()
         if not parts or len(parts) > 100_000:
-            raise ArgumentError(f"{name} must be class ids like 0,2,5, got {_show(value)}")
+            raise ArgumentError(f"{name} must be class ids like 0,2,5, got {show_value(value)}")
         try:
             items: Iterable[Any] = [int(p) for p in parts]
         except ValueError:
-            raise ArgumentError(f"{name} must be class ids like 0,2,5, got {_show(value)}") from None
+            raise ArgumentError(f"{name} must be class ids like 0,2,5, got {show_value(value)}") from None
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         items = [value]
     elif isinstance(value, (list, tuple, range, set, frozenset)) or (
@@ -258,11 +260,11 @@ def as_ids(name: str, value: Any) -> list[int]:
         if len(items) > 100_000:
             raise ArgumentError(f"{name} must be at most 100000 class ids, got {len(items)}")
     else:
-        raise ArgumentError(f"{name} must be class ids like [0, 2], got {type(value).__name__} {_show(value)}")
+        raise ArgumentError(f"{name} must be class ids like [0, 2], got {type(value).__name__} {show_value(value)}")
     out = []
     for c in items:
         if isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 0:
-            raise ArgumentError(f"{name} must be non-negative class ids, got {_show(c)}")
+            raise ArgumentError(f"{name} must be non-negative class ids, got {show_value(c)}")
         out.append(int(c))
     return out
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from libreyolo import LibreYOLO
-from libreyolo.models._detr.deformable import ProjectedDeformableAttention
+from libreyolo.models.detr_shared.deformable import ProjectedDeformableAttention
 from libreyolo.models.registry import get_family
 from libreyolo.models.rtdetr.decoder import MSDeformableAttention
 from tests.compat_utils import RAW_ATOL, assert_detections_match_above_gap, fixtures, model_from_fixture, schema

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libreyolo.models._detr.anchors import AnchorCache, LevelShapes, make_anchors
+from libreyolo.models.detr_shared.anchors import AnchorCache, LevelShapes, make_anchors
 from libreyolo.models.registry import get_family
 from libreyolo.ops.letterbox import LetterboxMeta
 from libreyolo.ops.stretch import Stretch, StretchMeta, resize_u8

@@ -16,8 +16,8 @@ pytest.importorskip("onnxruntime")
 
 from libreyolo import kernels  # noqa: E402
 from libreyolo.export.selection import align_row_sets  # noqa: E402
-from libreyolo.kernels._context import capturing_for_export, compiling  # noqa: E402
 from libreyolo.kernels.attention import ms_deform_attn_portable, set_fused_attention  # noqa: E402
+from libreyolo.kernels.context import capturing_for_export, compiling  # noqa: E402
 from tests.compat_utils import model_from_fixture  # noqa: E402
 from tests.test_export_common import FUSED_OR_CUSTOM  # noqa: E402
 

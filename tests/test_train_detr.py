@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from libreyolo.models._detr.denoising import cxcywh_to_xyxy, denoising_attend_mask, make_denoising, split_targets
+from libreyolo.models.detr_shared.denoising import cxcywh_to_xyxy, denoising_attend_mask, make_denoising, split_targets
 from libreyolo.models.registry import families
 from libreyolo.train.loss import loss_for
 from libreyolo.train.loss.detr import HungarianMatcher, bin_interpolation, edge_distances, linear_assignment

@@ -2,7 +2,7 @@
 term, and train() on the shapes dataset.
 
 The dynamics (group isolation, a falling loss) are checked on a small network built from the same
-blocks (:mod:`libreyolo.models._detr.lw`, RF-DETR's windowed DINOv2 and projector) with fewer
+blocks (:mod:`libreyolo.models.detr_shared.lw`, RF-DETR's windowed DINOv2 and projector) with fewer
 queries and groups, since a real size runs 13 x 300 decoder queries per image (seconds per step on
 a loaded 2-core CPU); the end-to-end run uses rfdetr-n itself.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from libreyolo.models._detr.lw import LWDETR, LWBackbone, LWConfig
-from libreyolo.models._detr.projector import MultiScaleProjector
+from libreyolo.models.detr_shared.lw import LWDETR, LWBackbone, LWConfig
+from libreyolo.models.detr_shared.projector import MultiScaleProjector
 from libreyolo.models.rfdetr.dinov2 import DinoV2Encoder
 from libreyolo.train.loss import loss_for
 from libreyolo.train.loss.detr import DetrLoss, HungarianMatcher, IaBceLoss

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.graphs.watch import WeightWatch, _Snapshot
+from libreyolo.graphs.watch import WeightSnapshot, WeightWatch
 from libreyolo.kernels import KernelBinding, bind
 
 _version = operator.attrgetter("_version")
@@ -222,7 +222,7 @@ class _MasterWatch(WeightWatch):
 
     SENTINELS = 64
 
-    def snapshot(self) -> _Snapshot:
+    def snapshot(self) -> WeightSnapshot:
         s = super().snapshot()
         live = [t for t in s.tensors if not t.is_inference()]
         step = max(1, len(live) // self.SENTINELS)

@@ -70,7 +70,7 @@ class Model(Predictor):
         model = cls(ckpt.family, ckpt.size, nc=ckpt.nc, names=ckpt.names, imgsz=ckpt.imgsz,
                     state_dict=ckpt.state_dict, source=ckpt.path, device=device)
         if ckpt.meta.get("quantization") is not None:  # a quantized save (docs/quantization.md)
-            model._restore_quantization(ckpt.meta["quantization"], ckpt.path or "checkpoint")
+            model.restore_quantization(ckpt.meta["quantization"], ckpt.path or "checkpoint")
         return model
 
     # what a copy of the model rebuilds on first use instead of copying: the inference-copy cache (with
@@ -368,7 +368,7 @@ class Model(Predictor):
         of the family's ``quant_exclude``. A quantized model is calibrated again from float.
         Returns the model.
         """
-        self._quant.quantize(self.net, self._copies(), self._calibration_batches,
+        self._quant.quantize(self.net, self._copies(), self.calibration_batches,
                              family_exclude=tuple(self.family.quant_exclude), recipe=recipe, data=data,
                              samples=samples, method=method, exclude=exclude)
         return self
@@ -387,15 +387,15 @@ class Model(Predictor):
         the reason, and notes; None for a float model."""
         return self._quant.info(self.net)
 
-    def _quant_entry(self) -> dict[str, Any] | None:
+    def quant_entry(self) -> dict[str, Any] | None:
         """The checkpoint's ``quantization`` entry (None: float); what export writes for a quantized model."""
         return self._quant.entry(self.net)
 
-    def _restore_quantization(self, entry: Any, where: str) -> None:
+    def restore_quantization(self, entry: Any, where: str) -> None:
         """Quantize as a checkpoint's ``quantization`` entry says (``where`` names it in errors)."""
         self._quant.restore(self.net, self._copies(), entry, where)
 
-    def _calibration_batches(self, files: list) -> Iterator[torch.Tensor]:
+    def calibration_batches(self, files: list) -> Iterator[torch.Tensor]:
         """The calibration images, preprocessed exactly as predict() does at ``imgsz`` (float32)."""
         return calibration_batches(self._preprocessor(self.imgsz), self.device, files)
 
@@ -451,7 +451,7 @@ class Model(Predictor):
         return self._train_graph
 
     @contextlib.contextmanager
-    def _evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:
+    def evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:
         """The master network in eval mode for :meth:`val`, on ``device`` (default as for training:
         the model's GPU, else cuda:0 when there is one, else the model's device)."""
         from libreyolo.train.trainer import training_device

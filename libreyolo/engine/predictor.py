@@ -52,16 +52,23 @@ class Predictor:
         """The family's preprocessing at ``imgsz`` (an artifact of static shape may need its fixed variant)."""
         return self.family.letterbox(imgsz)
 
-    def _input_dtype(self, half: bool) -> torch.dtype:
+    def input_dtype(self, half: bool) -> torch.dtype:
+        """The dtype of the network's input in a call with ``half`` (what validation feeds it too)."""
         return torch.float16 if half else torch.float32
 
     def _forward(self, batch: torch.Tensor, *, cuda_graph: bool | str = False) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
+    def network_outputs(self, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The family's named outputs for a preprocessed ``batch`` (the network alone, no CUDA graph, no
+        postprocessing): what export validation compares an artifact's outputs with, and the parity
+        harness takes as the eager reference."""
+        return self._forward(batch)
+
     def _prepare(self, device: torch.device | None, half: bool) -> None:
         """Check that the backend can run a call on ``device`` (None: its own) in ``half``."""
 
-    def _evaluation(self, device: Any, imgsz: int) -> AbstractContextManager[tuple[Any, torch.device]]:
+    def evaluation(self, device: Any, imgsz: int) -> AbstractContextManager[tuple[Any, torch.device]]:
         """``(forward, device)`` for :meth:`val` at ``imgsz``: a batch tensor in, named outputs out."""
         raise NotImplementedError(f"{type(self).__name__} cannot be validated")
 
@@ -151,7 +158,8 @@ class Predictor:
     def task(self) -> str:
         return self.family.task
 
-    def _task(self) -> Any:
+    def task_spec(self) -> Any:
+        """This model's :class:`~libreyolo.tasks.Task` (its options, results, tracking support)."""
         from libreyolo.tasks import get_task
 
         return get_task(self.family.task)
@@ -159,7 +167,7 @@ class Predictor:
     def predict_options(self, **given: Any) -> Any:
         """The checked :class:`~libreyolo.tasks.TaskOptions` of this model's task for ``given``
         (every task option at its default where not given), checked against the model too."""
-        task = self._task()
+        task = self.task_spec()
         opts = task.predict_options(given)
         task.check_options(opts, nc=len(self.names))
         return opts
@@ -191,7 +199,7 @@ class Predictor:
         step = check_input_budget(batch or self.default_batch, imgsz, explicit=batch is not None)
         run_device, half = self._call_settings(resolve_device(device), half)
         executor = self._choose_executor(run_device, graph)
-        return CallPlan(imgsz=imgsz, batch=step, device=run_device, half=half, dtype=self._input_dtype(half),
+        return CallPlan(imgsz=imgsz, batch=step, device=run_device, half=half, dtype=self.input_dtype(half),
                         graph=graph, executor=executor, options_key=freeze(dict(opts)), task_options=opts,
                         preprocessor=self._preprocessor(imgsz))
 
@@ -288,7 +296,7 @@ class Predictor:
 
         name = TRACK_OPTIONS["tracker"].check("tracker", tracker)
         persist = TRACK_OPTIONS["persist"].check("persist", persist)
-        check_trackable(self._task())
+        check_trackable(self.task_spec())
         new_tracker(name, None)  # the package is there (else one line naming the extra), before any work
         call = {n: p.default for n, p in inspect.signature(Predictor.predict).parameters.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}

@@ -50,7 +50,7 @@ class Int8Plan:
 
     def batches(self) -> Any:
         """The calibration images, preprocessed as predict() does (float32 batches)."""
-        return self.quantized._calibration_batches(self.files)
+        return self.quantized.calibration_batches(self.files)
 
     def describe(self) -> dict[str, Any]:
         info = self.quantized.quant_info()
@@ -97,8 +97,8 @@ def plan(model: Any, data: str, imgsz: int | None = None) -> Int8Plan:
     if imgsz is not None:
         float_model.imgsz = quantized.imgsz = imgsz
     if model.is_quantized:
-        entry = model._quant_entry()
-        quantized._restore_quantization(entry, "the model's quantization")
+        entry = model.quant_entry()
+        quantized.restore_quantization(entry, "the model's quantization")
         files, origin = calibration_images(data)
         files = files[:max(1, int(entry["samples"] or 1))]
         return Int8Plan(quantized, float_model, files, f"{origin} (the model was quantized by quantize())", False)
@@ -117,7 +117,7 @@ def float_distance(plan_: Int8Plan, runtime: Any, imgsz: int) -> dict[str, Any]:
     x, _ = sample_batch(model.family, imgsz)
     with torch.inference_mode():
         ref = model.family.named_outputs(model.net(x.to(model.device)))
-    got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
+    got = runtime.network_outputs(x.to(runtime.device, runtime.input_dtype(False)))
     out = {}
     for name, r in ref.items():
         if name not in got or not r.is_floating_point():

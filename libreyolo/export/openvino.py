@@ -202,7 +202,7 @@ def default_precision_effect(path: Path, opts: ExportOptions, runtime: Any = Non
     decoded = []
     matcher = task.matcher()
     for name, (x, m) in inputs.items():
-        a, b = validated._forward(x), default._forward(x)
+        a, b = validated.network_outputs(x), default.network_outputs(x)
         for key, ref in a.items():
             if not ref.is_floating_point():
                 continue

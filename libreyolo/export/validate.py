@@ -149,7 +149,7 @@ def _runs(model: Any, runtime: Any, reference: ExportModule, batches: list, net6
                 floor_dtype = next((t.dtype for t in half_net.parameters() if t.is_floating_point()), torch.float32)
                 raw, s16 = selection.selection_runs(half_net, picked, x.to(model.device, floor_dtype))
                 e16 = {k: v.float() for k, v in family.named_outputs(raw).items()}
-        got = runtime._forward(x.to(runtime.device, runtime._input_dtype(False)))
+        got = runtime.network_outputs(x.to(runtime.device, runtime.input_dtype(False)))
         # compared on the CPU (the float64 reference is there); the artifact's outputs also stay
         # on its own device, whose decoding predict() must reproduce exactly
         runs.append({"picks": picks, "x": x, "eager": _cpu(eager), "e64": e64, "e16": _cpu(e16), "ref": _cpu(ref),

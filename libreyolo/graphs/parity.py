@@ -196,7 +196,7 @@ def check_family_size(family_name: str, size: str, *, device: str | torch.device
         big, small = imgszs[0], imgszs[-1]
 
         def eager(x):
-            return model._forward(x)
+            return model.network_outputs(x)
 
         def graph(x):
             return model.graph_forward(x, True)
@@ -278,7 +278,7 @@ def _pipeline_checks(model, p: dict[int, dict[str, torch.Tensor]], big: int, sma
                 for i in range(x.shape[0])]
 
     def conf_for(x: torch.Tensor) -> float:
-        flat = post.scores(model._forward(x)).float().flatten()
+        flat = post.scores(model.network_outputs(x)).float().flatten()
         return float(flat.topk(min(1000, flat.numel())).values[-1]) * 0.999
 
     def same(x: torch.Tensor, **kw: Any) -> tuple[bool, str]:
@@ -287,7 +287,7 @@ def _pipeline_checks(model, p: dict[int, dict[str, torch.Tensor]], big: int, sma
         eager_padded = model.pipeline_forward(x, metas, False, **kw)
         ok, detail = equal_outputs(graphed, eager_padded)
         got = post.read(graphed)
-        want = family.postprocess(model._forward(x), metas, **kw)  # what eager predict() computes
+        want = family.postprocess(model.network_outputs(x), metas, **kw)  # what eager predict() computes
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             found[0] += int(w["conf"].shape[0])
             bad = [k for k in w if not bit_equal(g[k], w[k])]

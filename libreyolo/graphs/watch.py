@@ -69,7 +69,10 @@ def ptrs_equal(tensors: list[torch.Tensor], ptrs: list[int], indices: list[int])
 
 
 @dataclass(frozen=True)
-class _Snapshot:
+class WeightSnapshot:
+    """What :meth:`WeightWatch.snapshot` recorded of the watched weights (compared by ``changes``,
+    kept by ``commit``)."""
+
     generation: int
     tensors: list[torch.Tensor]
     ids: list[int]
@@ -99,14 +102,14 @@ class WeightWatch:
         self.module = module
         self.state = self.snapshot()
 
-    def snapshot(self) -> _Snapshot:
+    def snapshot(self) -> WeightSnapshot:
         generation = _generation[0]  # read first: a registration during collection is seen next time
         # integer buffers (BatchNorm's num_batches_tracked) are not read by an eval forward and
         # only ever move together with the floating tensors; skipping them saves a sixth of the check
         tensors = list(self.module.parameters()) + [b for b in self.module.buffers() if b.is_floating_point()]
         # inference tensors (a model built under torch.inference_mode) have no version counter
         sentinels = [t for t in (tensors[:1] + tensors[-1:]) if not t.is_inference()]
-        return _Snapshot(generation, tensors, [id(t) for t in tensors], list(map(_data_ptr, tensors)),
+        return WeightSnapshot(generation, tensors, [id(t) for t in tensors], list(map(_data_ptr, tensors)),
                          list(range(len(tensors))), sentinels, list(map(_version, sentinels)))
 
     def unchanged(self) -> bool:
@@ -115,7 +118,7 @@ class WeightWatch:
         return (_generation[0] == s.generation and ptrs_equal(s.tensors, s.ptrs, s.indices)
                 and list(map(_version, s.sentinels)) == s.versions)
 
-    def changes(self) -> tuple[str | None, _Snapshot | None]:
+    def changes(self) -> tuple[str | None, WeightSnapshot | None]:
         """(why the graphs are stale or None, the state to :meth:`commit`, or None if nothing changed)."""
         if self.unchanged():
             return None, None
@@ -128,7 +131,7 @@ class WeightWatch:
             return "parameters, buffers or submodules of the network were replaced", new
         return None, new  # a module registration elsewhere in the process; this network is unchanged
 
-    def commit(self, state: _Snapshot) -> None:
+    def commit(self, state: WeightSnapshot) -> None:
         self.state = state
 
     def pin(self) -> None:

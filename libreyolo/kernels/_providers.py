@@ -14,7 +14,7 @@ import sys
 import threading
 import warnings
 
-from libreyolo.kernels._context import KernelWarning
+from libreyolo.kernels.context import KernelWarning
 
 __all__ = ["load_once", "package_present", "triton_usable"]
 

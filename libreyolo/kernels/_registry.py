@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from libreyolo.kernels._context import KernelWarning, compiling
+from libreyolo.kernels.context import KernelWarning, compiling
 
 __all__ = [
     "REFERENCE",

@@ -41,7 +41,7 @@ def calibration_images(data: Any) -> tuple[list[Path], str]:
     """The image files of ``data`` (a dataset YAML: its train split, else val; or a folder of
     images, searched recursively) and a description of where they came from."""
     from libreyolo.data.sources import IMAGE_SUFFIXES
-    from libreyolo.train.data import _images_in, _list_images
+    from libreyolo.train.data import images_in, list_images
 
     if data is None or data == "":
         raise ArgumentError("quantize needs data=: a dataset YAML (its train split is used, else val) "
@@ -50,7 +50,7 @@ def calibration_images(data: Any) -> tuple[list[Path], str]:
     if path.is_dir():
         if (path / "train").is_dir():  # a classification root: calibrate on train, never on val
             path = path / "train"
-        files = _images_in(path)
+        files = images_in(path)
         if not files:
             raise DatasetError(f"calibration folder {path} holds no images (looked for "
                                f"{', '.join(sorted(IMAGE_SUFFIXES))}); pass a folder of images or a dataset YAML")
@@ -74,7 +74,7 @@ def calibration_images(data: Any) -> tuple[list[Path], str]:
                            "(e.g. train: images/train)")
     root = Path(str(raw["path"])).expanduser() if raw.get("path") not in (None, "") else Path(".")
     root = root if root.is_absolute() else path.parent / root
-    return _list_images(raw[split], root, split, where), f"{where}, split {split!r}"
+    return list_images(raw[split], root, split, where), f"{where}, split {split!r}"
 
 
 # --- the entropy threshold ---------------------------------------------------------------------

@@ -117,7 +117,8 @@ class ArtifactPredictor(Predictor):
             pre = pre.fixed(f"this {self.format} model takes {self.imgsz}x{self.imgsz} inputs (static shape)")
         return pre
 
-    def _input_dtype(self, half: bool) -> torch.dtype:
+    def input_dtype(self, half: bool) -> torch.dtype:
+        """The artifact's own input dtype, whatever ``half`` says (it was fixed at export)."""
         return self.dtype
 
     def _prepare(self, device: torch.device | None, half: bool) -> None:
@@ -128,7 +129,7 @@ class ArtifactPredictor(Predictor):
             raise ArgumentError("half=True needs an artifact exported with half=True; this one is float32")
 
     @contextlib.contextmanager
-    def _evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:
+    def evaluation(self, device: Any, imgsz: int) -> Iterator[tuple[Any, torch.device]]:
         """The runtime's forward for :meth:`val`: static batches run in chunks of the exported size
         (the last one padded), a static input size must be the exported one."""
         from libreyolo.utils.checks import resolve_device

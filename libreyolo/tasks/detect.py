@@ -91,9 +91,9 @@ class Detect(Task):
 
         require("cv2", "train", "detection training and validation (image resizing and augmentation)")
         if validating:
-            from libreyolo.train.metrics import _coco_backend
+            from libreyolo.train.metrics import coco_backend
 
-            _coco_backend()  # faster-coco-eval or pycocotools, for mAP
+            coco_backend()  # faster-coco-eval or pycocotools, for mAP
 
     def train_dataset(self, model: Any, cfg: Any, imgsz: int, args: Any) -> tuple[Any, Any]:
         from libreyolo.train import data as D

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from libreyolo.errors import ArgumentError
-from libreyolo.options import Opt, _converter, _show
+from libreyolo.options import Opt, option_converter, show_value
 from libreyolo.tasks import register_task
 from libreyolo.tasks.base import Task, TaskOptions
 from libreyolo.utils.checks import MAX_IMGSZ
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # torch loads on first use, so the CLI reads its options with
 TILE_MULTIPLE = 8  # tile sides are multiples of the attention window of the restore families (SwinIR: 8)
 
 
-@_converter(f"None or 0 (no tiling), or a positive multiple of {TILE_MULTIPLE} up to {MAX_IMGSZ} (input pixels)")
+@option_converter(f"None or 0 (no tiling), or a positive multiple of {TILE_MULTIPLE} up to {MAX_IMGSZ} (input pixels)")
 def as_tile(name: str, value: Any) -> int | None:
     """The tile side: None for no tiling (0 means the same), else a positive multiple of the window."""
     tile = Opt(int, 0, "", min=0, max=MAX_IMGSZ).check(name, value)
@@ -40,7 +40,7 @@ def as_tile(name: str, value: Any) -> int | None:
         return None
     if tile % TILE_MULTIPLE:
         raise ArgumentError(f"{name} must be a multiple of {TILE_MULTIPLE} (the attention window), so that tiles "
-                            f"partition into the same windows as the whole image; got {_show(value)} "
+                            f"partition into the same windows as the whole image; got {show_value(value)} "
                             f"(e.g. {max(TILE_MULTIPLE, tile // TILE_MULTIPLE * TILE_MULTIPLE)})")
     return tile
 

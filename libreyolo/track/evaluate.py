@@ -41,7 +41,7 @@ def val_tracking(model: Any, *, data: Any, tracker: str, json_path: str | None =
         json_path = TRACK_VAL_OPTIONS["json"].check("json", json_path)
     if not data:
         raise ArgumentError("val with tracker= needs data=<folder of MOTChallenge sequences>")
-    check_trackable(model._task())
+    check_trackable(model.task_spec())
     new_tracker(tracker, None)  # the extra is installed, before any work
     sequences = read_mot_sequences(data)
     with tempfile.TemporaryDirectory(prefix="libreyolo-mot-") as tmp:

@@ -92,11 +92,12 @@ def _names_from(raw: dict[str, Any], where: str) -> dict[int, str]:
     return result
 
 
-def _images_in(folder: Path) -> list[Path]:
+def images_in(folder: Path) -> list[Path]:
+    """The image files under ``folder`` (recursively), sorted."""
     return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
 
 
-def _list_images(spec: Any, root: Path, key: str, where: str) -> list[Path]:
+def list_images(spec: Any, root: Path, key: str, where: str) -> list[Path]:
     """The image files named by a ``train``/``val`` entry: folders (searched recursively), ``.txt``
     lists (relative lines are relative to the list's folder) and single images."""
     entries = spec if isinstance(spec, list) else [spec]
@@ -105,7 +106,7 @@ def _list_images(spec: Any, root: Path, key: str, where: str) -> list[Path]:
         path = Path(str(entry)).expanduser()
         path = path if path.is_absolute() else root / path
         if path.is_dir():
-            files += _images_in(path)
+            files += images_in(path)
         elif path.is_file() and path.suffix.lower() == ".txt":
             lines = (line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
             for line in filter(None, lines):
@@ -152,8 +153,8 @@ def load_data_yaml(path: str | Path) -> DataConfig:
     if not root.is_dir():
         raise DatasetError(f"{where}: 'path' {raw.get('path')!r} resolves to {root}, which is not a folder")
     names = _names_from(raw, where)
-    train = _list_images(raw["train"], root, "train", where)
-    val = _list_images(raw["val"], root, "val", where)
+    train = list_images(raw["train"], root, "train", where)
+    val = list_images(raw["val"], root, "val", where)
     return DataConfig(yaml_path, root, train, val, names, len(names), "detect")
 
 
@@ -179,8 +180,8 @@ def load_classify_root(path: str | Path) -> DataConfig:
     unknown = sorted(set(classes(val_dir)) - set(class_names))
     if unknown:
         raise DatasetError(f"classification dataset {root}: {val_dir} has class folders not in train: {unknown}")
-    train = [f for c in class_names for f in _images_in(train_dir / c)]
-    val = [f for c in class_names if (val_dir / c).is_dir() for f in _images_in(val_dir / c)]
+    train = [f for c in class_names for f in images_in(train_dir / c)]
+    val = [f for c in class_names if (val_dir / c).is_dir() for f in images_in(val_dir / c)]
     for split, files, folder in (("train", train, train_dir), ("val", val, val_dir)):
         if not files:
             raise DatasetError(f"classification dataset {root}: no images found for '{split}' in {folder}/<class>/")

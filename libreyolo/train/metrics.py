@@ -20,7 +20,7 @@ from libreyolo.ops.boxes import box_iou
 _EXTRA_HINT = "pip install 'libreyolo[train]'"
 
 
-def _coco_backend() -> tuple[str, Any, Any]:
+def coco_backend() -> tuple[str, Any, Any]:
     """(name, COCO class, COCOeval class) of the first installed COCO evaluator."""
     try:
         from faster_coco_eval import COCO, COCOeval_faster
@@ -176,7 +176,7 @@ class DetectionMetrics:
 
     def _coco_eval(self, dataset: dict, results: list[dict]) -> tuple[np.ndarray, dict[int, float]]:
         """COCO stats and per-category AP50-95 from the installed evaluator."""
-        backend, coco_cls, eval_cls = _coco_backend()
+        backend, coco_cls, eval_cls = coco_backend()
         sink = io.StringIO()  # pycocotools prints progress to stdout; a library must not
         with contextlib.redirect_stdout(sink):
             if backend == "faster_coco_eval":
@@ -209,7 +209,7 @@ class DetectionMetrics:
         self.ap_per_class = {}
         n_preds = sum(len(p_cls) for _, _, p_cls in self._preds)
         if n_preds == 0 or instances == 0:
-            _coco_backend()  # a missing evaluator is reported even when the answer is trivially zero
+            coco_backend()  # a missing evaluator is reported even when the answer is trivially zero
             return out
         dataset, results = self.coco_structures()
         stats, per_category = self._coco_eval(dataset, results)

@@ -34,13 +34,13 @@ def min_side(scale: int, border: int) -> int:
 
 def load_restore_folder(data: Any, names: dict[int, str]) -> Any:
     """The :class:`~libreyolo.train.data.DataConfig` of a folder of high-resolution images (its ``val``)."""
-    from libreyolo.train.data import DataConfig, _images_in
+    from libreyolo.train.data import DataConfig, images_in
 
     root = Path(data)
     if not root.is_dir():
         raise DatasetError(f"data must be a folder of high-resolution images for restoration, got {str(data)!r} "
                            f"({'a file' if root.exists() else 'not found'})")
-    files = _images_in(root)
+    files = images_in(root)
     if not files:
         from libreyolo.data.sources import IMAGE_SUFFIXES
 

@@ -2,7 +2,7 @@
 
 One implementation: the options are checked here, the dataset is read and letterboxed here, the
 metrics are computed by :func:`libreyolo.train.evaluate.evaluate`. A model supplies only its
-forward, through ``model._evaluation(device, imgsz)`` (a context manager yielding
+forward, through ``model.evaluation(device, imgsz)`` (a context manager yielding
 ``(forward, device)``): the eager :class:`~libreyolo.engine.model.Model` runs its network, an
 :class:`~libreyolo.runtimes.base.ArtifactPredictor` runs its runtime (static batches are fed in
 chunks of the exported size; a static input size must be the one validated at).
@@ -66,7 +66,7 @@ def val(model: Any, *, data: Any = None, imgsz: int | None = None, batch: int = 
                             "trained on this dataset")
     if not cfg.val:
         raise ArgumentError(f"{data} has no val split to validate on")
-    with model._evaluation(device, size) as (forward, run_device):
+    with model.evaluation(device, size) as (forward, run_device):
         dataset, collate = val_dataset(model, cfg, size)
         loader = build_dataloader(dataset, batch, shuffle=False, workers=workers,
                                   pin_memory=run_device.type == "cuda", seed=0, collate_fn=collate)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from libreyolo.kernels import _registry
-from libreyolo.kernels._context import eager_only_ok
+from libreyolo.kernels.context import eager_only_ok
 
 __all__ = [
     "SLOT",

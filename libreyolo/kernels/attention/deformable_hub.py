@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from libreyolo.kernels._context import env_disabled
 from libreyolo.kernels.attention.deformable import (
     SLOT,
     SpatialShapes,
@@ -33,6 +32,7 @@ from libreyolo.kernels.attention.deformable import (
     level_start_index,
     uniform_layout,
 )
+from libreyolo.kernels.context import env_disabled
 
 __all__ = ["ENV_VAR", "HUB_REPO", "HUB_REVISION", "NAME", "HubMsDeformAttn", "PROVIDER", "register"]
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.kernels._context import capturing_for_export, export_capture_reasons
+from libreyolo.kernels.context import capturing_for_export, export_capture_reasons
 
 __all__ = [
     "AttentionCall",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from libreyolo.kernels._context import eager_only_ok
+from libreyolo.kernels.context import eager_only_ok
 
 try:
     import triton

@@ -14,7 +14,7 @@ weighting function and box decoding are reused as they are):
 ``forward`` is inference: only the last layer is scored, as the reference does in eval.
 ``forward_train`` is the training path (D-FINE's: selected plus contrastive denoising queries,
 every layer scored, the pre-box head and the encoder selection; see
-:mod:`libreyolo.models._detr.denoising`); as in the reference, the first layer's boxes that later
+:mod:`libreyolo.models.detr_shared.denoising`); as in the reference, the first layer's boxes that later
 layers' distances are measured from are detached.
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.anchors import AnchorCache, make_anchors
-from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
-from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
+from libreyolo.models.detr_shared.anchors import AnchorCache, make_anchors
+from libreyolo.models.detr_shared.denoising import GroundTruth, pack_train_outputs, prepend_denoising
+from libreyolo.models.detr_shared.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 from libreyolo.models.dfine.decoder import (
     LQE,
     Gate,
@@ -203,7 +203,7 @@ class DEIMv2Transformer(nn.Module):
     def forward_train(self, feats: list[torch.Tensor], gt: GroundTruth, image_size: tuple[int, int]) -> dict:
         """Training outputs for the encoder levels ``feats`` and per-image ground truth ``gt``
         (labels, (cx, cy, w, h) boxes in [0, 1]), laid out as D-FINE's
-        (:func:`~libreyolo.models._detr.denoising.pack_train_outputs` plus the edge distributions)."""
+        (:func:`~libreyolo.models.detr_shared.denoising.pack_train_outputs` plus the edge distributions)."""
         memory, shapes, anchors, valid = self._memory(feats)
         selected, ref_unact, enc_logits, topk = self._select(memory, anchors, valid)
         enc_topk_logits = enc_logits.gather(1, topk.unsqueeze(-1).expand(-1, -1, enc_logits.shape[-1]))

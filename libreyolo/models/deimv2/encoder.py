@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr import (
+from libreyolo.models.detr_shared import (
     ConvNormLayer,
     HybridEncoder,
     RepVggBlock,
     TransformerEncoder,
     TransformerEncoderLayer,
 )
-from libreyolo.models._detr.layers import activation
+from libreyolo.models.detr_shared.layers import activation
 from libreyolo.models.dfine.network import SCDown
 
 

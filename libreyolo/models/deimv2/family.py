@@ -1,7 +1,7 @@
 """The deimv2 family adapter: what predict, graphs, export and runtimes need to know.
 
 The export contract and postprocessing are the DETR line's
-(:class:`libreyolo.models._detr.family.SetDetectFamily`); the quantization exclusions are
+(:class:`libreyolo.models.detr_shared.family.SetDetectFamily`); the quantization exclusions are
 D-FINE's (the same head and localisation-quality module names). Preprocessing as the reference:
 Pillow's bilinear resize to ``imgsz x imgsz`` (no letterbox), scaled to [0, 1]; the ViT sizes'
 ImageNet normalisation is inside the network (:mod:`libreyolo.models.deimv2.network`).
@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from libreyolo.models._detr.family import SetDetectFamily
-from libreyolo.models._detr.training import train_encode
 from libreyolo.models.deimv2.network import SIZES, DEIMv2
+from libreyolo.models.detr_shared.family import SetDetectFamily
+from libreyolo.models.detr_shared.training import train_encode
 from libreyolo.models.dfine.family import DFINEFamily
 from libreyolo.models.registry import register_family
 from libreyolo.ops.stretch import Stretch

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.layers import batch_norm
+from libreyolo.models.detr_shared.layers import batch_norm
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ box, and every layer refines the previous layer's distributions (their logits ar
 localisation-quality head (LQE) adds a score from the distributions' top probabilities.
 
 ``forward`` is inference (the final layer only). ``forward_train`` is the training path: selected
-plus contrastive denoising queries (:mod:`libreyolo.models._detr.denoising`), every layer's
+plus contrastive denoising queries (:mod:`libreyolo.models.detr_shared.denoising`), every layer's
 outputs, the pre-box head's and the encoder selection's. Cross-attention
 samples through the ``ms_deform_attn`` slot with one point count per level
 (``points_per_level``); counts that differ between levels stay on the portable path.
@@ -19,10 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.anchors import AnchorCache
-from libreyolo.models._detr.deformable import PointsDeformableAttention as MSDeformableAttention
-from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
-from libreyolo.models._detr.layers import MLP, MultiheadAttention, functional_activation, init_heads, inverse_sigmoid
+from libreyolo.models.detr_shared.anchors import AnchorCache
+from libreyolo.models.detr_shared.deformable import PointsDeformableAttention as MSDeformableAttention
+from libreyolo.models.detr_shared.denoising import GroundTruth, pack_train_outputs, prepend_denoising
+from libreyolo.models.detr_shared.layers import (
+    MLP,
+    MultiheadAttention,
+    functional_activation,
+    init_heads,
+    inverse_sigmoid,
+)
 
 Shapes = list[tuple[int, int]]
 
@@ -217,7 +223,7 @@ class DFINETransformer(nn.Module):
         self.integral = Integral(reg_max)
         # the reference stores the anchors of its evaluation size (checkpoints carry them); other
         # sizes get theirs from the per-shape cache
-        from libreyolo.models._detr.anchors import make_anchors
+        from libreyolo.models.detr_shared.anchors import make_anchors
 
         anchors, valid = make_anchors([(eval_size // s, eval_size // s) for s in strides])
         self.register_buffer("anchors", anchors)
@@ -253,7 +259,8 @@ class DFINETransformer(nn.Module):
 
     def forward_train(self, feats: list[torch.Tensor], gt: GroundTruth, image_size: tuple[int, int]) -> dict:
         """Training outputs for the encoder levels ``feats`` and per-image ground truth ``gt``
-        (labels, (cx, cy, w, h) boxes in [0, 1]); see :func:`~libreyolo.models._detr.denoising.pack_train_outputs`.
+        (labels, (cx, cy, w, h) boxes in [0, 1]);
+        see :func:`~libreyolo.models.detr_shared.denoising.pack_train_outputs`.
         The first supervised head is the pre-box head, then the decoder layers."""
         memory, shapes, anchors, valid = self._memory(feats)
         output_memory = self.enc_output(valid.to(memory.dtype) * memory)

@@ -1,13 +1,13 @@
 """The dfine family adapter: what predict, graphs, export and runtimes need to know.
 
 The export contract, training recipe and hooks and the postprocessing are the DETR line's
-(:class:`libreyolo.models._detr.family.SetDetectFamily`); D-FINE adds its box-distribution heads to
+(:class:`libreyolo.models.detr_shared.family.SetDetectFamily`); D-FINE adds its box-distribution heads to
 the INT8 exclusions and its fine-grained localisation term to the training items."""
 from __future__ import annotations
 
 from torch import nn
 
-from libreyolo.models._detr.family import DETR_EXPORT, DETR_QUANT_EXCLUDE, SetDetectFamily
+from libreyolo.models.detr_shared.family import DETR_EXPORT, DETR_QUANT_EXCLUDE, SetDetectFamily
 from libreyolo.models.dfine.network import DFINE, SIZES
 from libreyolo.models.registry import register_family
 from libreyolo.ops.stretch import Stretch

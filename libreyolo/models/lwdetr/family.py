@@ -5,7 +5,7 @@ every size), [0, 1], ImageNet mean/std. A 91-wide (COCO) head is read as the 80 
 80 annotated columns are picked before the top-k (the other 11 never take a detection slot), and
 their position is the class index, and never more detections than the decoder has queries (the
 reference's ``num_select``: 100 for t, 300 otherwise). Export contract and shared behaviour:
-:class:`libreyolo.models._detr.family.LWDetectFamily`.
+:class:`libreyolo.models.detr_shared.family.LWDetectFamily`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models._detr.family import LW_EXPORT, LWDetectFamily
+from libreyolo.models.detr_shared.family import LW_EXPORT, LWDetectFamily
 from libreyolo.models.lwdetr.network import COCO_HEAD, SIZES, LWDETRNet, head_width
 from libreyolo.models.lwdetr.vit import GRID, PATCH
 from libreyolo.models.registry import register_family

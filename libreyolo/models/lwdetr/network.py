@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from libreyolo.models._detr.lw import LWDETR, LWBackbone, LWConfig
-from libreyolo.models._detr.projector import SCALE_OF_LEVEL, MultiScaleProjector
+from libreyolo.models.detr_shared.lw import LWDETR, LWBackbone, LWConfig
+from libreyolo.models.detr_shared.projector import SCALE_OF_LEVEL, MultiScaleProjector
 from libreyolo.models.lwdetr.vit import PATCH, ViT
 
 COCO_HEAD = 91  # columns of the COCO-80 head: one per COCO category id 0..90

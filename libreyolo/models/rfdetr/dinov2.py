@@ -25,7 +25,7 @@ from torch import nn
 
 from libreyolo.kernels.attention import attention
 from libreyolo.layers.mlp import Mlp
-from libreyolo.models._detr.anchors import ShapeCache
+from libreyolo.models.detr_shared.anchors import ShapeCache
 
 NORM_EPS = 1e-6
 

@@ -4,7 +4,7 @@ Preprocessing as the reference: the image scaled to [0, 1], resized in float32 (
 ``cv2.resize`` on a float image) to the size's input, ImageNet mean/std. Postprocessing is the
 DETR line's top-k over every (query, column) pair of the ``nc + 1``-wide head (the reference
 keeps the extra column too). Export contract, training recipe (Group-DETR, IA-BCE, the reference's
-AdamW schedule and EMA) and shared behaviour: :class:`libreyolo.models._detr.family.LWDetectFamily`.
+AdamW schedule and EMA) and shared behaviour: :class:`libreyolo.models.detr_shared.family.LWDetectFamily`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models._detr.family import LW_EXPORT, LWDetectFamily
+from libreyolo.models.detr_shared.family import LW_EXPORT, LWDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.rfdetr.network import PATCH, RFDETR, SIZES, WINDOWS
 

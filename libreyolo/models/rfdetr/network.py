@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from libreyolo.models._detr.lw import LWDETR, LWBackbone, LWConfig
-from libreyolo.models._detr.projector import MultiScaleProjector
+from libreyolo.models.detr_shared.lw import LWDETR, LWBackbone, LWConfig
+from libreyolo.models.detr_shared.projector import MultiScaleProjector
 from libreyolo.models.rfdetr.dinov2 import DinoV2Encoder
 
 PATCH = 16

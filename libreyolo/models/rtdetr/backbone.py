@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.layers import ConvNormLayer
+from libreyolo.models.detr_shared.layers import ConvNormLayer
 
 BLOCKS_PER_STAGE = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 STAGE_WIDTHS = (64, 128, 256, 512)

@@ -2,7 +2,7 @@
 
 ``forward`` is inference (the final layer's outputs only). ``forward_train`` is the training
 path: the selected queries plus contrastive denoising queries built from the ground truth
-(``denoising_class_embed``; see :mod:`libreyolo.models._detr.denoising`), every layer's outputs
+(``denoising_class_embed``; see :mod:`libreyolo.models.detr_shared.denoising`), every layer's outputs
 and the encoder's query-selection outputs. Every layer's cross-attention samples the memory through
 the ``ms_deform_attn`` kernel slot (registry providers when eligible, portable ``grid_sample``
 otherwise, and always portable while exporting).
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.anchors import AnchorCache, make_anchors
-from libreyolo.models._detr.deformable import MSDeformableAttention
-from libreyolo.models._detr.denoising import GroundTruth, pack_train_outputs, prepend_denoising
-from libreyolo.models._detr.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
+from libreyolo.models.detr_shared.anchors import AnchorCache, make_anchors
+from libreyolo.models.detr_shared.deformable import MSDeformableAttention
+from libreyolo.models.detr_shared.denoising import GroundTruth, pack_train_outputs, prepend_denoising
+from libreyolo.models.detr_shared.layers import MLP, MultiheadAttention, init_heads, inverse_sigmoid
 
 Shapes = list[tuple[int, int]]
 
@@ -176,7 +176,8 @@ class RTDETRTransformer(nn.Module):
 
     def forward_train(self, feats: list[torch.Tensor], gt: GroundTruth, image_size: tuple[int, int]) -> dict:
         """Training outputs for the encoder levels ``feats`` and per-image ground truth ``gt``
-        (labels, (cx, cy, w, h) boxes in [0, 1]); see :func:`~libreyolo.models._detr.denoising.pack_train_outputs`."""
+        (labels, (cx, cy, w, h) boxes in [0, 1]);
+        see :func:`~libreyolo.models.detr_shared.denoising.pack_train_outputs`."""
         enc = self.encode(feats)
         memory, enc_logits = enc.memory, enc.logits
         shapes = self._anchors.level_shapes(enc.shapes, memory.device)

@@ -1,14 +1,14 @@
 """The rtdetr family adapter: what predict, graphs, export and runtimes need to know.
 
 The export contract, training recipe and hooks and the postprocessing are the DETR line's
-(:class:`libreyolo.models._detr.family.SetDetectFamily`)."""
+(:class:`libreyolo.models.detr_shared.family.SetDetectFamily`)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from torch import nn
 
-from libreyolo.models._detr.family import DETR_EXPORT, SetDetectFamily
+from libreyolo.models.detr_shared.family import DETR_EXPORT, SetDetectFamily
 from libreyolo.models.registry import register_family
 from libreyolo.models.rtdetr.network import RTDETR, SIZES
 from libreyolo.ops.stretch import Stretch

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from libreyolo.models._detr import (
+from libreyolo.models.detr_shared import (
     ConvNormLayer,
     HybridEncoder,
     RepVggBlock,

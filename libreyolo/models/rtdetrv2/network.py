@@ -3,7 +3,7 @@ decoder.
 
 What v2 changes is in the decoder (:class:`libreyolo.models.rtdetr.decoder.RTDETRTransformer`,
 parameterised): each layer's deformable attention has its own point count per level, laid out flat
-(:class:`libreyolo.models._detr.deformable.ProjectedDeformableAttention`, sampling with bilinear
+(:class:`libreyolo.models.detr_shared.deformable.ProjectedDeformableAttention`, sampling with bilinear
 ``grid_sample``, the reference's ``default`` method, which every released size uses), the encoder
 output projection is named ``proj``/``norm``, and checkpoints store the 640x640 anchors. r50m
 predicts from the third of its six decoder layers; r101's encoder is 384 wide. Key names and shapes
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from libreyolo.models._detr.deformable import ProjectedDeformableAttention
+from libreyolo.models.detr_shared.deformable import ProjectedDeformableAttention
 from libreyolo.models.rtdetr.backbone import PResNet
 from libreyolo.models.rtdetr.decoder import RTDETRTransformer
 from libreyolo.models.rtdetr.network import RTDETR, RTDETRSize, build_encoder

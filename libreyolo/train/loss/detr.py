@@ -2,7 +2,7 @@
 terms): Hungarian matching, varifocal + L1 + GIoU terms.
 
 Called on the dict the families' ``train_decode`` returns (see
-:func:`libreyolo.models._detr.denoising.pack_train_outputs`). Every supervised head is scored:
+:func:`libreyolo.models.detr_shared.denoising.pack_train_outputs`). Every supervised head is scored:
 
 - each decoder layer (for D-FINE also its pre-box head) and the encoder's query selection: the
   predictions are matched one-to-one to the image's boxes by a Hungarian assignment minimising
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from libreyolo.errors import ArgumentError, LibreYOLOError
-from libreyolo.models._detr.denoising import GroundTruth, cxcywh_to_xyxy, split_targets
+from libreyolo.models.detr_shared.denoising import GroundTruth, cxcywh_to_xyxy, split_targets
 
 __all__ = ["DetrLoss", "HungarianMatcher", "IaBceLoss", "MalLoss", "bin_interpolation", "edge_distances",
            "generalized_box_iou", "linear_assignment"]

@@ -5,9 +5,9 @@ the reference checkpoint format (schema 1.0), so they stay as they are.
 """
 from __future__ import annotations
 
-from libreyolo.models._detr.anchors import AnchorCache, make_anchors
-from libreyolo.models._detr.encoder import HybridEncoder
-from libreyolo.models._detr.layers import (
+from libreyolo.models.detr_shared.anchors import AnchorCache, make_anchors
+from libreyolo.models.detr_shared.encoder import HybridEncoder
+from libreyolo.models.detr_shared.layers import (
     MLP,
     ConvNormLayer,
     FrozenBatchNorm2d,

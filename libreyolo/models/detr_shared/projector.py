@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.layers import activation
+from libreyolo.models.detr_shared.layers import activation
 
 SCALE_OF_LEVEL = {"P3": 2.0, "P4": 1.0, "P5": 0.5, "P6": 0.25}
 

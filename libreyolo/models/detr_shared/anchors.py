@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.kernels._context import eager_only_ok
+from libreyolo.kernels.context import eager_only_ok
 
 GRID_SIZE = 0.05
 VALID_EPS = 1e-2

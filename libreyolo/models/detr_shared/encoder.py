@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.anchors import ShapeCache
-from libreyolo.models._detr.layers import TransformerEncoder, sincos_position_embedding
+from libreyolo.models.detr_shared.anchors import ShapeCache
+from libreyolo.models.detr_shared.layers import TransformerEncoder, sincos_position_embedding
 
 
 class HybridEncoder(nn.Module):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from libreyolo.models._detr.denoising import split_targets
+from libreyolo.models.detr_shared.denoising import split_targets
 
 LAST_STRIDE = 32  # both families' coarsest level: input size = its size * 32
 

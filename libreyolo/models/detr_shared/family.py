@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.models._detr.training import lw_train_decode, lw_train_encode, train_decode, train_encode
 from libreyolo.models.base import Family
 from libreyolo.models.contract import OutputGroup, SetContract
+from libreyolo.models.detr_shared.training import lw_train_decode, lw_train_encode, train_decode, train_encode
 from libreyolo.ops.stretch import Stretch
 from libreyolo.ops.topk import SetPostprocess, topk_postprocess_later
 
@@ -108,7 +108,7 @@ LW_TRAIN_DEFAULTS = {"optimizer": "AdamW", "lr0": 1e-4, "momentum": 0.9, "weight
 
 class LWDetectFamily(SetDetectFamily):
     """Base of the LW-DETR line's families: a ViT encoder, the shared projector and decoder
-    (:mod:`libreyolo.models._detr.lw`), ImageNet-normalised stretched inputs. Training (where a
+    (:mod:`libreyolo.models.detr_shared.lw`), ImageNet-normalised stretched inputs. Training (where a
     family declares its ``training`` loss): Group-DETR queries, the Hungarian matcher per group,
     IA-BCE + L1 + GIoU on every decoder layer and the encoder selection
     (:class:`libreyolo.train.loss.detr.IaBceLoss`), the recipe ``LW_TRAIN_DEFAULTS``, an EMA of

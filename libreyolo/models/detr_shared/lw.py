@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libreyolo.models._detr.anchors import AnchorCache
-from libreyolo.models._detr.deformable import MSDeformableAttention
-from libreyolo.models._detr.denoising import pack_train_outputs
-from libreyolo.models._detr.layers import MLP, MultiheadAttention
+from libreyolo.models.detr_shared.anchors import AnchorCache
+from libreyolo.models.detr_shared.deformable import MSDeformableAttention
+from libreyolo.models.detr_shared.denoising import pack_train_outputs
+from libreyolo.models.detr_shared.layers import MLP, MultiheadAttention
 
 Shapes = list[tuple[int, int]]
 PROPOSAL_EPS = 0.01

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from libreyolo.errors import ArgumentError
-from libreyolo.models._detr.layers import inverse_sigmoid
+from libreyolo.models.detr_shared.layers import inverse_sigmoid
 
 GroundTruth = list[tuple[torch.Tensor, torch.Tensor]]
 
