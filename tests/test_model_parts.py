@@ -1,5 +1,6 @@
 """The parts the eager Model is composed of, each used alone (issue 45, item 2): the graph part
-(GraphState), the compile part (Compilation), the quantization part (Quantization), and the pieces
+(GraphState), the compile part (Compilation), the quantization part (Quantization), the whole-pipeline
+graph (PipelineExecutor), and the pieces
 predict() is split into (the batch loop, the call clock). Tiny networks on the CPU; graphs through
 the emulated backend. The mutations each check was shown to fail on are named in its docstring."""
 from __future__ import annotations
@@ -206,3 +207,120 @@ def test_the_stage_clock_splits_host_time_on_the_cpu():
         clock.mark()
     speed = clock.speed(2, read_s=0.004)
     assert set(speed) == {"preprocess", "inference", "postprocess"} and speed["postprocess"] >= 2.0
+
+
+# --- PipelineExecutor ------------------------------------------------------------------------------------
+class _Post:
+    """A device postprocess stand-in: the first ``k`` values of each image's output, times ``nc``."""
+
+    def capture_safe(self, device):
+        return "not capturable on the cpu" if device.type == "cpu" else None
+
+    def params(self, metas, opts, *, nc, device):
+        return torch.full((len(metas), 1), float(nc), device=device)
+
+    def static(self, opts):
+        return (("k", opts["k"]),)
+
+    def __call__(self, outputs, params, *, k):
+        return {"top": outputs["out"].flatten(1)[:, :k] * params}
+
+    def read_later(self, padded):
+        top = padded["top"].clone()
+        return lambda: top
+
+
+class _Family:
+    name = "toy"
+    SUPPORTS_CUDA_GRAPH = True
+    SUPPORTS_PIPELINE_GRAPH = True
+    post = _Post()
+
+    def device_postprocess(self):
+        return self.post
+
+
+class _Clock:
+    marks = 0
+
+    def mark(self):
+        self.marks += 1
+
+
+def _pipeline_part(backend=None, **kw):
+    from libreyolo.engine.calls import CallState
+    from libreyolo.engine.pipeline import PipelineExecutor
+
+    net, state, family = _net(), GraphState(backend), _Family()
+    runner = state.new_runner(net, _network(net))
+    nc = {"value": 3}
+    part = PipelineExecutor(family, lambda: nc["value"], state, CallState(), lambda batch: (runner, runner.fn), **kw)
+    return part, net, family, nc
+
+
+def test_pipeline_executor_decides_the_graphed_executor_and_says_why_not():
+    """Mutations tried: unavailable() ignoring the family switch (None instead of the reason); the emulated
+    backend not excusing the device check (the cpu reason); executor() skipping the family check (no raise);
+    a fixed ``reason`` not winning (None)."""
+    from libreyolo.engine.plan import GRAPHED, PIPELINE
+    from libreyolo.graphs import GraphNotSupportedError
+
+    cpu = torch.device("cpu")
+    real, _, family, _ = _pipeline_part()
+    assert real.unavailable(cpu) == ("not capturable on the cpu; the network forward is graphed, postprocessing "
+                                     "runs eagerly")
+    emulated, *_ = _pipeline_part(EmulatedGraphBackend())
+    assert emulated.unavailable(cpu) is None and emulated.executor(None) == PIPELINE
+    assert emulated.executor("why") == GRAPHED
+    head = emulated.info_head(cpu)
+    assert head == {"family": "toy", "supported": True,
+                    "pipeline": {"supported": True, "active": True, "reason": None}}
+    family.SUPPORTS_PIPELINE_GRAPH = False  # instance attribute: the class stays as it is
+    assert "SUPPORTS_PIPELINE_GRAPH is False" in real.unavailable(cpu)
+    family.SUPPORTS_CUDA_GRAPH = False
+    with pytest.raises(GraphNotSupportedError, match="not enabled for family 'toy'"):
+        real.executor(None)
+    fixed, *_ = _pipeline_part(EmulatedGraphBackend(), reason="a cpu package has no graphs")
+    assert fixed.unavailable(cpu) == "a cpu package has no graphs"
+
+
+def test_pipeline_executor_replays_network_and_postprocess_as_one_program():
+    """Mutations tried: forward() dropping the postprocess (no "top"); params built with a stale class
+    count (3 instead of 5 after the change); start() not marking the clock; the capture failure escaping
+    start() instead of None."""
+    from libreyolo.engine.plan import PIPELINE, CallPlan
+    from libreyolo.graphs import GraphCaptureError
+
+    backend = EmulatedGraphBackend()
+    part, net, family, nc = _pipeline_part(backend)
+    x, metas = torch.rand(2, 3, 8, 8), [None, None]
+    want = net(x).flatten(1)[:, :4] * 3
+    out = part.forward(x, metas, True, {"k": 4})
+    assert torch.allclose(out["top"], want) and len(backend.captures) == 1
+    nc["value"] = 5
+    assert torch.allclose(part.forward(x, metas, True, {"k": 4})["top"], want / 3 * 5)
+    plan = CallPlan(imgsz=8, batch=2, device=x.device, half=False, dtype=x.dtype, graph=True, executor=PIPELINE,
+                    options_key=(("k", 2),), task_options={"k": 2}, preprocessor=None)
+    clock = _Clock()
+    read = part.start(x, metas, clock, plan)
+    assert clock.marks == 1 and torch.allclose(read(), net(x).flatten(1)[:, :2] * 5)
+
+    def failing(batch):
+        def runner(*args):
+            raise GraphCaptureError("planted")
+
+        return runner, None
+
+    part.target = failing
+    assert part.start(x, metas, _Clock(), plan) is None
+
+
+def test_pipeline_executor_counts_frame_sizes_in_the_call_part():
+    """Mutations tried: sighting() not counting (always 1); the bound not evicting the oldest key."""
+    part, *_ = _pipeline_part(EmulatedGraphBackend())
+    key = part.frame_key(torch.zeros(1, 4, 6, 3, dtype=torch.uint8), True, "pre", torch.float32, (("k", 1),))
+    assert [part.sighting(key) for _ in range(3)] == [1, 2, 3] and part.sighting("other", at_least=2) == 2
+    assert part.calls.frame_sightings[key] == 3
+    for i in range(70):
+        part.sighting(("many", i))
+    assert key not in part.calls.frame_sightings and len(part.calls.frame_sightings) == 64
