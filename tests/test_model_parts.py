@@ -210,7 +210,7 @@ def test_the_stage_clock_splits_host_time_on_the_cpu():
 
 
 # --- PipelineExecutor ------------------------------------------------------------------------------------
-class _Post:
+class _ToyPost:
     """A device postprocess stand-in: the first ``k`` values of each image's output, times ``nc``."""
 
     def capture_safe(self, device):
@@ -230,11 +230,11 @@ class _Post:
         return lambda: top
 
 
-class _Family:
+class _PipelineFamily:
     name = "toy"
     SUPPORTS_CUDA_GRAPH = True
     SUPPORTS_PIPELINE_GRAPH = True
-    post = _Post()
+    post = _ToyPost()
 
     def device_postprocess(self):
         return self.post
@@ -251,7 +251,7 @@ def _pipeline_part(backend=None, **kw):
     from libreyolo.engine.calls import CallState
     from libreyolo.engine.pipeline import PipelineExecutor
 
-    net, state, family = _net(), GraphState(backend), _Family()
+    net, state, family = _net(), GraphState(backend), _PipelineFamily()
     runner = state.new_runner(net, _network(net))
     nc = {"value": 3}
     part = PipelineExecutor(family, lambda: nc["value"], state, CallState(), lambda batch: (runner, runner.fn), **kw)
