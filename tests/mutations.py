@@ -28,6 +28,8 @@ CASES: dict[str, tuple[str, int, dict[str, tuple[float, float, slice]]]] = {
                          r"head\.obj_preds\.": (0.1, -6.0, slice(None))}),
     # class logits of a set predictor x8 (the refused rtdetr-r34 failed on pred_logits)
     "rtdetr": ("r18", 160, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
+    # the v2 decoder (per-level points); 128 px (336 candidates for 300 queries) keeps its NCNN export cheap
+    "rtdetrv2": ("r18", 128, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
     # D-FINE's network with a SiLU decoder; small inputs keep their exports cheap in CI
     "deim": ("n", 128, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),
     "rtdetrv4": ("s", 128, {r"decoder\.dec_score_head\.": (8.0, 0.0, slice(None))}),

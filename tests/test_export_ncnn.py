@@ -1,11 +1,12 @@
 """NCNN export (pnnx -> <stem>_ncnn_model/) and its runtime (the ncnn package, fp32 options):
-for a YOLO, a DETR (rtdetr-r18), a classifier (vit) and SegFormer the artifact validates against eager
-with the float64-derived tolerances and predicts like eager through LibreYOLO(folder); a copy whose last
-weights were scaled by 5% is refused by its hash and, loaded with verify=False, by compare().
+for a YOLO, the DETRs with a split (rtdetr-r18, rtdetrv2-r18), a classifier (vit) and SegFormer the artifact
+validates against eager with the float64-derived tolerances and predicts like eager through LibreYOLO(folder);
+a copy whose last weights were scaled by 5% is refused by its hash and, loaded with verify=False, by compare().
 A family whose network builds tensors of a rank NCNN cannot hold (Swin's window partition) is
 refused in one line before anything is built, and every family's declared rank is checked against
-its trace. NCNN has no top-k or gather, which the DETR query selection needs: RT-DETR declares a split
-at it (SetContract.host_selection) and is exported as two programs with the eager model's own
+its trace. NCNN has no top-k or gather, which the DETR query selection needs: RT-DETR (and RT-DETRv2, whose
+per-level-points decoder is the same program) declares a split at it (SetContract.host_selection) and is exported
+as two programs with the eager model's own
 selection run on the host between them (its decoder program and split.json mutated below); the DETR families
 that declare no split are refused in one line before any work. An operator pnnx leaves unconverted is
 still found in the param file after conversion (tested on a param file)."""
@@ -35,10 +36,12 @@ from tests.edge_formats import (  # noqa: E402
 
 _EXPORTS: dict = {}
 LIMIT = get_exporter("ncnn").max_tensor_rank
-CONVERTED = [f for f in FAMILIES if family_model(f)[0].family.export.tensor_rank <= LIMIT]
+SPLIT_FAMILIES = ("rtdetr", "rtdetrv2")  # two programs around a host query selection
+# rtdetrv2 (its own cheap case here, 128 px): the edge formats' shared FAMILIES hold rtdetr for the DETR line
+CONVERTED = [f for f in (*FAMILIES, "rtdetrv2") if family_model(f)[0].family.export.tensor_rank <= LIMIT]
 REFUSED = ("swin",)  # window partition (B, H/w, w, W/w, w, C): rank 6
 # rank 4, a query selection (top-k + gather, no NCNN layer) and no split declared at it
-NO_SPLIT = ("dfine", "deim", "deimv2", "rtdetrv4", "rtdetrv2")
+NO_SPLIT = ("dfine", "deim", "deimv2", "rtdetrv4")
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +59,13 @@ def ncnn_export(tmp_path_factory):
 def test_the_yolo_classifier_and_segformer_convert_and_swin_is_refused():
     from libreyolo.models.registry import families
 
-    assert CONVERTED == ["yolo9", "rtdetr", "vit", "segformer"]
+    assert CONVERTED == ["yolo9", "rtdetr", "vit", "segformer", "rtdetrv2"]
     assert all(families()[f].export.tensor_rank > LIMIT for f in REFUSED)
     for name, fam in families().items():  # the refusal is declared: every rank-4 family with a selection and
         if fam.export.tensor_rank <= LIMIT and fam.export.query_rows().selection \
                 and not fam.export.query_rows().host_selection:
             assert name in NO_SPLIT, name  # no split is listed here (and refused by the test below)
-    assert families()["rtdetr"].export.query_rows().host_selection
+    assert all(families()[f].export.query_rows().host_selection for f in SPLIT_FAMILIES)
 
 
 @pytest.mark.parametrize("family", NO_SPLIT[:1])
@@ -115,7 +118,7 @@ def test_ncnn_artifact_validates_and_predicts_like_eager(ncnn_export, family):
     assert v.status == "passed", v.text()
     assert v.runtime.startswith("ncnn") and "fp32" in v.runtime
     assert v.worst()["worst_ratio"] <= 1.0
-    split = ["decoder.ncnn.bin", "decoder.ncnn.param"] if family == "rtdetr" else []
+    split = ["decoder.ncnn.bin", "decoder.ncnn.param"] if family in SPLIT_FAMILIES else []
     assert sorted(p.name for p in report.path.iterdir()) == sorted(
         ["metadata.json", "model.ncnn.bin", "model.ncnn.param", *split, *(["split.json"] if split else [])])
     runtime = LibreYOLO(report.path)
@@ -129,14 +132,14 @@ def test_ncnn_artifact_validates_and_predicts_like_eager(ncnn_export, family):
 @pytest.mark.parametrize("family", CONVERTED)
 def test_mutated_ncnn_artifact_is_refused(ncnn_export, family, tmp_path):
     """Mutation: the last 5% of the last program's weights (model.ncnn.bin; for a split artifact such as
-    rtdetr's, decoder.ncnn.bin) scaled by 1.05. The hash refuses it on load; loaded anyway (verify=False),
-    the same validation as the export's refuses its outputs. (rtdetr's model.ncnn.bin mutated the same
+    rtdetr's and rtdetrv2's, decoder.ncnn.bin) scaled by 1.05. The hash refuses it on load; loaded anyway
+    (verify=False), the same validation as the export's refuses its outputs. (rtdetr's model.ncnn.bin mutated the same
     way, and one LayerNorm epsilon of decoder.ncnn.param, were refused both ways too: checked once, by hand.)"""
     report = ncnn_export(family)
     bad = copy_artifact(report.path, tmp_path / f"bad_{family}_ncnn_model")
     split = report.path / "split.json"
     last = json.loads(split.read_text())["programs"][-1] if split.is_file() else "model"
-    assert (last == "decoder") == (family == "rtdetr")
+    assert (last == "decoder") == (family in SPLIT_FAMILIES)
     scale_tail_floats(bad / f"{last}.ncnn.bin")
     with pytest.raises(CheckpointError, match="model bytes do not match"):
         LibreYOLO(bad)

@@ -1,4 +1,5 @@
-"""RT-DETR cut at its query selection, for formats that have no top-k or gather (NCNN).
+"""RT-DETR (and RT-DETRv2, the same layout) cut at its query selection, for formats that have no top-k or
+gather (NCNN).
 
 The network becomes two programs: the *head* (backbone, encoder and the encoder's score/box heads:
 ``images -> memory, output_memory, enc_logits, enc_boxes_unact``, every candidate) and the *tail*

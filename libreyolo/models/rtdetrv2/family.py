@@ -2,8 +2,6 @@
 with the v2 network (:mod:`libreyolo.models.rtdetrv2.network`)."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from torch import nn
 
 from libreyolo.models.registry import register_family
@@ -20,10 +18,8 @@ class RTDETRv2Family(RTDETRFamily):
     infinite_ok_keys = ("decoder.anchors",)  # invalid anchors are +inf in reference checkpoints
     SUPPORTS_CUDA_GRAPH = True  # H200 parity matrix, every size and check (bench/results/2026-12-07-graph-parity-new-*)
     SUPPORTS_PIPELINE_GRAPH = True  # the pipeline rows of the same matrix passed for every size
-    # no NCNN split: the split rtdetr declares converts, but an untrained r18 at 160 failed validation
-    # (pred_logits 1.71x its allowance at the 0.999 quantile, pnnx/ncnn 20261020; ONNX Runtime passes the same
-    # model at 0.12x); which NCNN layer adds the error is not measured yet (docs/export_edge.md)
-    export = replace(RTDETRFamily.export, host_selection=None)
+    # export: RT-DETR's contract, NCNN split included (the v2 decoder's per-level sampling converts and validates:
+    # docs/export_edge.md; the plain-init model once taken for a v2 failure fails rtdetr-r18 identically)
 
     def build(self, size: str, nc: int) -> nn.Module:
         return RTDETRv2(size, nc)
