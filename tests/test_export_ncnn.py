@@ -129,10 +129,12 @@ def test_ncnn_artifact_validates_and_predicts_like_eager(ncnn_export, family):
     assert_predicts_like_eager(model, runtime, imgsz)
 
 
-@pytest.mark.parametrize("family", CONVERTED)
+# rtdetrv2 shares rtdetr's split and runtime: its mutated artifact was refused (203,906x, docs/export_edge.md)
+# once, by hand; in CI the split is mutated on rtdetr alone (each DETR compare costs ~50 s of CPU here)
+@pytest.mark.parametrize("family", [f for f in CONVERTED if f != "rtdetrv2"])
 def test_mutated_ncnn_artifact_is_refused(ncnn_export, family, tmp_path):
     """Mutation: the last 5% of the last program's weights (model.ncnn.bin; for a split artifact such as
-    rtdetr's and rtdetrv2's, decoder.ncnn.bin) scaled by 1.05. The hash refuses it on load; loaded anyway
+    rtdetr's, decoder.ncnn.bin) scaled by 1.05. The hash refuses it on load; loaded anyway
     (verify=False), the same validation as the export's refuses its outputs. (rtdetr's model.ncnn.bin mutated the same
     way, and one LayerNorm epsilon of decoder.ncnn.param, were refused both ways too: checked once, by hand.)"""
     report = ncnn_export(family)
