@@ -119,6 +119,7 @@ def test_the_aside_folder_of_a_running_swap_is_left_alone(tmp_path):
 SWAP = """
 import os, signal, sys
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, also when the suite runs in the background
 from libreyolo.utils import tempfiles
 
 final, built, step, sig = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), getattr(signal, sys.argv[4])
@@ -210,8 +211,9 @@ def test_sigterm_between_the_renames_of_a_triton_reexport_keeps_a_model_folder(t
 
 # --- benchmark: its temporary folder goes on SIGTERM and Ctrl-C --------------------------------
 BENCH = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, also when the suite runs in the background
 from libreyolo.engine import benchmark_formats
 
 def exporting(model, fmt, folder, *args, **kwargs):  # an export in progress: 1 MiB written, then waiting
