@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device calls of the 2026-12-07 evening session (issues 45, 47, 48), one per argument:
-#   bash bench/run_s3.sh gpu|bench|video|gpu2|gpu3|gpu4 OUTDIR
+#   bash bench/run_s3.sh gpu|bench|video|gpu2|gpu4 OUTDIR
 # Carry .whl (av, trackers, supervision wheels) and .peerlite (the unpacked reference 1.6.0
 # package without its tokenizer files) and, for `bench`, .base (libreyolo/ of 9cc6a8c, the tree
 # before the call plan). Every step has its own time limit and writes its log
@@ -45,22 +45,6 @@ gpu2)
   step 90 parity-detr2 $py -m libreyolo.graphs.parity --family rfdetr lwdetr deimv2 --md "$out/parity-detr2.md"
   step 50 host-profile $py bench/host_profile.py --families yolo9 vit --half --n 200
   step 80 video-yolo9s $py bench/video_bench.py --model LibreYOLO9s.yaml --half --cuda-graph --frames 200 --device cuda --conf 0.05 --reference .peerlite --json "$out/video-yolo9s.json"
-  ;;
-gpu3)
-  # gpu2 cut to the device time left: the GPU tests in three processes at once (names printed as they run), then the DETR parity rows
-  # after the LW-DETR level-shapes fix, the host profile and one video row with the threaded writer
-  T="$py -m pytest -v -rfE -m gpu -p no:cacheprovider --durations=10"
-  ( timeout 125 $T tests/test_kernels_gpu.py tests/test_fused_attention_rule.py tests/test_nms.py tests/test_quant.py \
-      tests/test_quantize_gpu.py tests/test_device_decode.py tests/test_train_metrics.py >"$out/gt1.log" 2>&1 ) &
-  ( timeout 125 $T tests/test_classify_gpu.py tests/test_detr_gpu.py tests/test_detr_graph_prep.py tests/test_graphs_gpu.py \
-      tests/test_inference_copies.py tests/test_stream_pipeline.py tests/test_serve.py tests/test_yolox.py \
-      tests/test_compat_swin.py >"$out/gt2.log" 2>&1 ) &
-  ( timeout 125 $T tests/test_compile.py tests/test_export_aoti.py tests/test_train_graph_gpu.py \
-      tests/test_restore_rtmdet_gpu.py >"$out/gt3.log" 2>&1 ) &
-  wait
-  for f in gt1 gt2 gt3; do echo "== $f"; grep -E "FAILED|ERROR|passed|failed" "$out/$f.log" | tail -12; tail -n 3 "$out/$f.log"; done
-  step 60 parity-detr2 $py -m libreyolo.graphs.parity --family rfdetr lwdetr deimv2 --md "$out/parity-detr2.md"
-  step 40 host-profile $py bench/host_profile.py --families yolo9 --half --n 200
   ;;
 gpu4)
   # the last minutes of device time: two GPU test groups, rfdetr/lwdetr parity, the yolo9 host profile
